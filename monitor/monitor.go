@@ -1,0 +1,268 @@
+// Package monitor is the polling engine of caddy-sglang: it polls each registered worker endpoint on its
+// own schedule and under its own deadline, and publishes the results as immutable snapshots.
+package monitor
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
+)
+
+// Fetcher fetches one load report from one worker. It must honour ctx's deadline.
+type Fetcher interface {
+	Fetch(ctx context.Context) (*loadpolicy.Report, error)
+}
+
+// Close is called on a Fetcher that also implements io.Closer when its endpoint is removed.
+type closer interface{ Close() error }
+
+// Target is one endpoint to poll.
+type Target struct {
+	Key      string        // identifies the endpoint, e.g. "http://127.0.0.1:30000/v1/loads"
+	Fetcher  Fetcher       // how to poll it
+	Interval time.Duration // time between polls; must be > 0
+	Timeout  time.Duration // deadline of each poll; must be > 0
+	State    *State        // where results go; may be shared with other monitors (config reloads)
+}
+
+// Options tune a Monitor. The zero value is usable.
+type Options struct {
+	// MaxConcurrent caps the polls in flight at once, so a large fleet cannot open a socket per
+	// endpoint in the same instant. Default 64.
+	MaxConcurrent int
+	// Jitter spreads each wait by up to ± this fraction of the interval. Default 0.1.
+	Jitter float64
+	// OnResult, when set, is called after every poll with the snapshot before and after it.
+	OnResult func(key string, prev, next *Snapshot, took time.Duration)
+}
+
+// Monitor runs one poller per registered endpoint once started.
+type Monitor struct {
+	opts Options
+	sem  chan struct{}
+
+	mu      sync.Mutex
+	pollers map[string]*poller
+	ctx     context.Context // nil until Start
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// New returns a monitor that polls nothing until Start.
+func New(opts Options) *Monitor {
+	if opts.MaxConcurrent <= 0 {
+		opts.MaxConcurrent = 64
+	}
+	if opts.Jitter <= 0 {
+		opts.Jitter = 0.1
+	}
+	return &Monitor{opts: opts, sem: make(chan struct{}, opts.MaxConcurrent), pollers: make(map[string]*poller)}
+}
+
+type poller struct {
+	target   Target
+	refs     int
+	interval atomic.Int64 // nanoseconds; the smallest any registration asked for
+	kick     chan chan struct{}
+	stop     context.CancelFunc
+	done     chan struct{}
+}
+
+// Add registers an endpoint, or adds a reference to one already registered under the same key (the
+// smaller interval then wins). A started monitor polls a new endpoint at once.
+func (m *Monitor) Add(t Target) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p, ok := m.pollers[t.Key]; ok {
+		p.refs++
+		if int64(t.Interval) < p.interval.Load() {
+			p.interval.Store(int64(t.Interval))
+		}
+		if c, ok := t.Fetcher.(closer); ok && t.Fetcher != p.target.Fetcher {
+			_ = c.Close()
+		}
+		return
+	}
+	p := &poller{target: t, refs: 1, kick: make(chan chan struct{})}
+	p.interval.Store(int64(t.Interval))
+	m.pollers[t.Key] = p
+	if m.ctx != nil {
+		m.run(p)
+	}
+}
+
+// Remove drops one reference to an endpoint; the last one stops its poller and closes its fetcher.
+func (m *Monitor) Remove(key string) {
+	m.mu.Lock()
+	p, ok := m.pollers[key]
+	if !ok {
+		m.mu.Unlock()
+		return
+	}
+	p.refs--
+	if p.refs > 0 {
+		m.mu.Unlock()
+		return
+	}
+	delete(m.pollers, key)
+	stop, done := p.stop, p.done
+	p.stop, p.done = nil, nil
+	m.mu.Unlock()
+	if stop != nil {
+		stop()
+		<-done
+	}
+	closeFetcher(p)
+}
+
+// Start starts polling every registered endpoint. It is a no-op on a started monitor.
+func (m *Monitor) Start() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ctx != nil {
+		return
+	}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	for _, p := range m.pollers {
+		m.run(p)
+	}
+}
+
+// Stop stops all pollers, waits for them, and closes the fetchers. The monitor can be started again.
+func (m *Monitor) Stop() {
+	m.mu.Lock()
+	cancel := m.cancel
+	m.ctx, m.cancel = nil, nil
+	for _, p := range m.pollers {
+		p.stop, p.done = nil, nil
+	}
+	m.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	m.wg.Wait()
+}
+
+// Close stops the monitor and closes every fetcher.
+func (m *Monitor) Close() {
+	m.Stop()
+	m.mu.Lock()
+	pollers := m.pollers
+	m.pollers = make(map[string]*poller)
+	m.mu.Unlock()
+	for _, p := range pollers {
+		closeFetcher(p)
+	}
+}
+
+// Keys returns the registered endpoint keys.
+func (m *Monitor) Keys() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	keys := make([]string, 0, len(m.pollers))
+	for k := range m.pollers {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// Refresh polls every registered endpoint now, concurrently, and returns when all polls have
+// answered or ctx is done. It works on a monitor that is not started, too.
+func (m *Monitor) Refresh(ctx context.Context) error {
+	m.mu.Lock()
+	targets := make([]Target, 0, len(m.pollers))
+	for _, p := range m.pollers {
+		targets = append(targets, p.target)
+	}
+	m.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, t := range targets {
+		wg.Go(func() { m.poll(ctx, t) })
+	}
+	wg.Wait()
+	return ctx.Err()
+}
+
+// run starts p's goroutine; m.mu must be held and m.ctx set.
+func (m *Monitor) run(p *poller) {
+	ctx, cancel := context.WithCancel(m.ctx)
+	p.stop, p.done = cancel, make(chan struct{})
+	m.wg.Add(1)
+	go func(done chan struct{}) {
+		defer m.wg.Done()
+		defer close(done)
+		m.loop(ctx, p)
+	}(p.done)
+}
+
+func closeFetcher(p *poller) {
+	if c, ok := p.target.Fetcher.(closer); ok {
+		_ = c.Close()
+	}
+}
+
+// failingSlowdown is how many consecutive failures make an endpoint be polled at half rate. Half rate
+// and no slower, so an endpoint that comes back is seen at most one interval later than otherwise.
+const failingSlowdown = 3
+
+func (m *Monitor) loop(ctx context.Context, p *poller) {
+	for {
+		failures := m.poll(ctx, p.target)
+		wait := time.Duration(p.interval.Load())
+		if failures >= failingSlowdown {
+			wait *= 2
+		}
+		wait = jitter(wait, m.opts.Jitter)
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-timer.C:
+		}
+	}
+}
+
+func jitter(d time.Duration, frac float64) time.Duration {
+	spread := time.Duration(float64(d) * frac)
+	if spread <= 0 {
+		return d
+	}
+	return d - spread + rand.N(2*spread+1)
+}
+
+// poll runs one poll of t under its deadline and publishes the result. It returns the endpoint's count
+// of consecutive failures afterwards.
+func (m *Monitor) poll(ctx context.Context, t Target) int {
+	select {
+	case m.sem <- struct{}{}:
+	case <-ctx.Done():
+		return 0
+	}
+	defer func() { <-m.sem }()
+
+	pollCtx, cancel := context.WithTimeout(ctx, t.Timeout)
+	start := time.Now()
+	report, err := t.Fetcher.Fetch(pollCtx)
+	took := time.Since(start)
+	cancel()
+	if ctx.Err() != nil && err != nil {
+		return 0 // stopping: a cancelled poll says nothing about the worker
+	}
+	if err == nil && report == nil {
+		err = errors.New("fetcher returned no report")
+	}
+	if err != nil && errors.Is(err, context.DeadlineExceeded) {
+		err = &TimeoutError{Timeout: t.Timeout, Err: err}
+	}
+	prev, next := t.State.publish(report, err, time.Now())
+	if m.opts.OnResult != nil {
+		m.opts.OnResult(t.Key, prev, next, took)
+	}
+	return next.Failures
+}
