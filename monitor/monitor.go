@@ -5,6 +5,7 @@ package monitor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -66,46 +67,44 @@ func New(opts Options) *Monitor {
 
 type poller struct {
 	target   Target
-	refs     int
-	interval atomic.Int64 // nanoseconds; the smallest any registration asked for
-	kick     chan chan struct{}
+	interval atomic.Int64 // nanoseconds
 	stop     context.CancelFunc
 	done     chan struct{}
 }
 
-// Add registers an endpoint, or adds a reference to one already registered under the same key (the
-// smaller interval then wins). A started monitor polls a new endpoint at once.
-func (m *Monitor) Add(t Target) {
+// Add registers an endpoint. A started monitor polls it at once.
+func (m *Monitor) Add(t Target) error {
+	if t.Interval <= 0 || t.Timeout <= 0 || t.Fetcher == nil || t.State == nil {
+		return fmt.Errorf("endpoint %s: interval %s and timeout %s must be > 0, fetcher and state set", t.Key, t.Interval, t.Timeout)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if p, ok := m.pollers[t.Key]; ok {
-		p.refs++
-		if int64(t.Interval) < p.interval.Load() {
-			p.interval.Store(int64(t.Interval))
-		}
-		if c, ok := t.Fetcher.(closer); ok && t.Fetcher != p.target.Fetcher {
-			_ = c.Close()
-		}
-		return
+	if _, ok := m.pollers[t.Key]; ok {
+		return fmt.Errorf("endpoint %s is already registered", t.Key)
 	}
-	p := &poller{target: t, refs: 1, kick: make(chan chan struct{})}
+	p := &poller{target: t}
 	p.interval.Store(int64(t.Interval))
 	m.pollers[t.Key] = p
 	if m.ctx != nil {
 		m.run(p)
 	}
+	return nil
 }
 
-// Remove drops one reference to an endpoint; the last one stops its poller and closes its fetcher.
+// SetInterval changes an endpoint's polling interval from its next wait on.
+func (m *Monitor) SetInterval(key string, d time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p, ok := m.pollers[key]; ok && d > 0 {
+		p.interval.Store(int64(d))
+	}
+}
+
+// Remove stops an endpoint's poller, waits for it, and closes its fetcher.
 func (m *Monitor) Remove(key string) {
 	m.mu.Lock()
 	p, ok := m.pollers[key]
 	if !ok {
-		m.mu.Unlock()
-		return
-	}
-	p.refs--
-	if p.refs > 0 {
 		m.mu.Unlock()
 		return
 	}

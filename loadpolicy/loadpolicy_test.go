@@ -1,0 +1,241 @@
+package loadpolicy
+
+import (
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+)
+
+const allCore = FieldRunning | FieldWaiting | FieldWaitingUncachedTokens | FieldUsedTokens | FieldTotalTokens |
+	FieldMaxTotalTokens | FieldMaxRunning | FieldTokenUsage | FieldGenThroughput
+
+func rank(running, waiting, queued, used, capacity int64, usage, throughput float64) Rank {
+	return Rank{Running: running, Waiting: waiting, WaitingUncachedTokens: queued, UsedTokens: used,
+		MaxTotalTokens: capacity, MaxRunning: 64, TokenUsage: usage, GenThroughput: throughput, Fields: allCore}
+}
+
+func TestNewReportSumsInInt64(t *testing.T) {
+	ranks := make([]Rank, 64)
+	for i := range ranks {
+		ranks[i] = rank(1, 0, 0, 2_000_000_000, 2_100_000_000, 0.95, 1)
+	}
+	r := NewReport(time.Now(), "", ranks)
+	if want := int64(64 * 2_000_000_000); r.UsedTokens != want {
+		t.Fatalf("UsedTokens = %d, want %d", r.UsedTokens, want)
+	}
+	if r.UsedTokens < 0 {
+		t.Fatal("overflow")
+	}
+}
+
+func TestNewReportSanitises(t *testing.T) {
+	r := NewReport(time.Now(), "", []Rank{
+		{Running: -3, TokenUsage: math.NaN(), GenThroughput: math.Inf(1), UsedTokens: 10,
+			Fields: FieldRunning | FieldTokenUsage | FieldGenThroughput | FieldUsedTokens},
+	})
+	rk := r.Ranks[0]
+	if rk.Has(FieldRunning) || rk.Has(FieldTokenUsage) || rk.Has(FieldGenThroughput) || !rk.Has(FieldUsedTokens) {
+		t.Fatalf("fields after sanitising = %b", rk.Fields)
+	}
+	s := r.Signals()
+	if s.Set.Has(Running) || s.Set.Has(TokenUsage) || !s.Set.Has(UsedTokens) {
+		t.Fatalf("signals = %b", s.Set)
+	}
+	over := NewReport(time.Now(), "", []Rank{{TokenUsage: 1e9, Fields: FieldTokenUsage}})
+	if over.MaxTokenUsage != maxTokenUsage {
+		t.Fatalf("token_usage above 1 capped to %v, want %v", over.MaxTokenUsage, maxTokenUsage)
+	}
+}
+
+func TestSignals(t *testing.T) {
+	tests := []struct {
+		name  string
+		ranks []Rank
+		want  map[Signal]float64
+		lacks []Signal
+	}{
+		{
+			name:  "all core fields",
+			ranks: []Rank{rank(10, 4, 2000, 40000, 100000, 0.4, 500)},
+			want:  map[Signal]float64{QueuedTokens: 4, TokenUsage: 0.4, UsedTokens: 40000, Waiting: 4, Running: 10},
+		},
+		{
+			name:  "hottest rank, not the average",
+			ranks: []Rank{rank(1, 0, 0, 10, 100, 0.1, 1), rank(1, 0, 0, 90, 100, 0.9, 1)},
+			want:  map[Signal]float64{TokenUsage: 0.9, UsedTokens: 100},
+		},
+		{
+			name:  "usage from used and capacity when token_usage is absent",
+			ranks: []Rank{{UsedTokens: 250, MaxTotalTokens: 1000, Fields: FieldUsedTokens | FieldMaxTotalTokens}},
+			want:  map[Signal]float64{TokenUsage: 0.25, UsedTokens: 250},
+			lacks: []Signal{QueuedTokens, Waiting, Running},
+		},
+		{
+			name: "a field one rank lacks is no signal",
+			ranks: []Rank{rank(1, 1, 1, 1, 10, 0.1, 1),
+				{Running: 1, TokenUsage: 0.2, Fields: FieldRunning | FieldTokenUsage}},
+			want:  map[Signal]float64{TokenUsage: 0.2, Running: 2},
+			lacks: []Signal{QueuedTokens, UsedTokens, Waiting},
+		},
+		{
+			name:  "old servers without queued tokens",
+			ranks: []Rank{{Running: 3, Waiting: 1, Fields: FieldRunning | FieldWaiting}},
+			want:  map[Signal]float64{Waiting: 1, Running: 3},
+			lacks: []Signal{QueuedTokens, TokenUsage, UsedTokens},
+		},
+		{
+			name:  "no ranks: no signals",
+			lacks: []Signal{QueuedTokens, TokenUsage, UsedTokens, Waiting, Running},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := NewReport(time.Now(), "", tt.ranks).Signals()
+			for sig, want := range tt.want {
+				if !s.Set.Has(sig) {
+					t.Errorf("%s missing", sig)
+				} else if got := s.Value[sig]; math.Abs(got-want) > 1e-9 {
+					t.Errorf("%s = %v, want %v", sig, got, want)
+				}
+			}
+			for _, sig := range tt.lacks {
+				if s.Set.Has(sig) {
+					t.Errorf("%s present, want absent", sig)
+				}
+			}
+		})
+	}
+}
+
+func TestInflightCorrectionCosts(t *testing.T) {
+	s := NewReport(time.Now(), "", []Rank{rank(10, 2, 1000, 20000, 100000, 0.2, 100)}).Signals()
+	// 2000 tokens per running request over a 100000-token pool: each extra request adds 0.02 usage.
+	if got := s.Score(TokenUsage, 5); math.Abs(got-0.3) > 1e-9 {
+		t.Errorf("token usage with 5 extra = %v, want 0.3", got)
+	}
+	if got := s.Score(Waiting, 3); got != 5 {
+		t.Errorf("waiting with 3 extra = %v, want 5", got)
+	}
+	// 500 queued tokens per waiting request at 100 tokens/s: 5 s per extra request.
+	if got := s.Score(QueuedTokens, 1); math.Abs(got-15) > 1e-9 {
+		t.Errorf("queued with 1 extra = %v, want 15", got)
+	}
+	idle := NewReport(time.Now(), "", []Rank{rank(0, 0, 0, 0, 100000, 0, 0)}).Signals()
+	if idle.Cost[TokenUsage] <= 0 {
+		t.Error("an idle worker must still price extra requests, or it would draw every request until the next poll")
+	}
+}
+
+func cand(usage float64, waiting int64, extra, inflight int64) Candidate {
+	return Candidate{Signals: NewReport(time.Now(), "", []Rank{rank(1, waiting, 0, int64(usage*1000), 1000, usage, 1)}).Signals(),
+		Extra: extra, Inflight: inflight}
+}
+
+func TestCompare(t *testing.T) {
+	oldServer := Candidate{Signals: NewReport(time.Now(), "", []Rank{{Running: 0, Waiting: 0, Fields: FieldRunning | FieldWaiting}}).Signals()}
+	tests := []struct {
+		name string
+		a, b Candidate
+		set  SignalSet
+		want int
+	}{
+		{"lower usage wins", cand(0.2, 0, 0, 9), cand(0.5, 0, 0, 0), MetricAuto.set, -1},
+		{"extra requests count", cand(0.2, 0, 40, 0), cand(0.5, 0, 0, 0), MetricAuto.set, 1},
+		{"tie on usage broken by waiting", cand(0.5, 3, 0, 0), cand(0.5, 1, 0, 0), MetricAuto.set, 1},
+		{"full tie broken by in-flight", cand(0.5, 1, 0, 2), cand(0.5, 1, 0, 1), MetricAuto.set, 1},
+		{"exact tie", cand(0.5, 1, 0, 1), cand(0.5, 1, 0, 1), MetricAuto.set, 0},
+		{"missing loads: in-flight only", Candidate{Inflight: 1}, cand(0.9, 9, 0, 3), MetricAuto.set, -1},
+		{"nothing in common: in-flight only", oldServer, cand(0.9, 9, 0, 3), 1 << TokenUsage, -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Compare(&tt.a, &tt.b, tt.set); got != tt.want {
+				t.Errorf("Compare = %d, want %d", got, tt.want)
+			}
+			if got := Compare(&tt.b, &tt.a, tt.set); got != -tt.want {
+				t.Errorf("Compare reversed = %d, want %d", got, -tt.want)
+			}
+		})
+	}
+}
+
+type fixedRand struct{ seq []int }
+
+func (f *fixedRand) intn(n int) int {
+	if len(f.seq) == 0 {
+		return 0
+	}
+	v := f.seq[0] % n
+	f.seq = f.seq[1:]
+	return v
+}
+
+func TestChoose(t *testing.T) {
+	loads := []Candidate{cand(0.9, 0, 0, 0), cand(0.1, 0, 0, 0), cand(0.5, 0, 0, 0)}
+	tests := []struct {
+		name      string
+		choice    Choice
+		avail     []bool
+		cands     []Candidate
+		rnd       []int
+		want      int
+		wantLoads bool
+	}{
+		{"least picks the minimum", Least, []bool{true, true, true}, loads, nil, 1, true},
+		{"least skips unavailable", Least, []bool{true, false, true}, loads, nil, 2, true},
+		{"nothing available", Least, []bool{false, false, false}, loads, nil, -1, false},
+		{"no loads: fall back", Least, []bool{true, true}, []Candidate{{}, {}}, nil, -1, false},
+		{"p2c keeps the better of the pair", PowerOfTwo, []bool{true, true, true}, loads, []int{2}, 1, true},
+		// Reservoir: index 2 replaces slot 1 when intn(3)=1, so the pair is (0, 2): 2 wins.
+		{"p2c pair without the best", PowerOfTwo, []bool{true, true, true}, loads, []int{1}, 2, true},
+		{"p2c single available", PowerOfTwo, []bool{false, false, true}, loads, nil, 2, true},
+		{"p2c nothing available", PowerOfTwo, []bool{false, false, false}, loads, nil, -1, false},
+		{"p2c no loads: fall back", PowerOfTwo, []bool{true, true}, []Candidate{{}, {}}, nil, -1, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &fixedRand{seq: tt.rnd}
+			got, byLoad := Choose(tt.choice, MetricAuto, len(tt.avail), func(i int) (Candidate, bool) {
+				return tt.cands[i], tt.avail[i]
+			}, r.intn)
+			if got != tt.want || byLoad != tt.wantLoads {
+				t.Errorf("Choose = (%d, %v), want (%d, %v)", got, byLoad, tt.want, tt.wantLoads)
+			}
+		})
+	}
+}
+
+func TestPowerOfTwoNeverPicksTheWorst(t *testing.T) {
+	loads := []Candidate{cand(0.9, 0, 0, 0), cand(0.1, 0, 0, 0), cand(0.5, 0, 0, 0), cand(0.3, 0, 0, 0)}
+	counts := make([]int, len(loads))
+	rnd := rand.New(rand.NewPCG(1, 2))
+	for range 4000 {
+		i, _ := Choose(PowerOfTwo, MetricAuto, len(loads), func(i int) (Candidate, bool) { return loads[i], true }, rnd.IntN)
+		counts[i]++
+	}
+	if counts[0] != 0 {
+		t.Errorf("the most loaded was picked %d times", counts[0])
+	}
+	if !(counts[1] > counts[3] && counts[3] > counts[2]) {
+		t.Errorf("shares not ordered by load: %v", counts)
+	}
+}
+
+func TestParse(t *testing.T) {
+	for _, name := range []string{"", "auto", "queued_tokens", "token_usage", "used_tokens", "waiting", "running"} {
+		if _, err := ParseMetric(name); err != nil {
+			t.Errorf("ParseMetric(%q): %v", name, err)
+		}
+	}
+	if _, err := ParseMetric("tokens"); err == nil || !strings.Contains(err.Error(), `"tokens"`) {
+		t.Errorf("ParseMetric(tokens) error = %v, want one naming the value", err)
+	}
+	if c, err := ParseChoice("least"); err != nil || c != Least {
+		t.Errorf("ParseChoice(least) = %v, %v", c, err)
+	}
+	if _, err := ParseChoice("p2c"); err == nil || !strings.Contains(err.Error(), `"p2c"`) {
+		t.Errorf("ParseChoice(p2c) error = %v, want one naming the value", err)
+	}
+}

@@ -1,0 +1,216 @@
+package monitor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
+)
+
+// funcFetcher adapts a function to Fetcher and counts calls.
+type funcFetcher struct {
+	calls  atomic.Int64
+	closed atomic.Bool
+	fn     func(ctx context.Context) (*loadpolicy.Report, error)
+}
+
+func (f *funcFetcher) Fetch(ctx context.Context) (*loadpolicy.Report, error) {
+	f.calls.Add(1)
+	return f.fn(ctx)
+}
+
+func (f *funcFetcher) Close() error { f.closed.Store(true); return nil }
+
+func okFetcher() *funcFetcher {
+	return &funcFetcher{fn: func(context.Context) (*loadpolicy.Report, error) {
+		return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{{Running: 1, Fields: loadpolicy.FieldRunning}}), nil
+	}}
+}
+
+func eventually(t *testing.T, within time.Duration, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func TestFirstPollAtStartThenOnSchedule(t *testing.T) {
+	m := New(Options{})
+	f := okFetcher()
+	st := new(State)
+	if err := m.Add(Target{Key: "a", Fetcher: f, Interval: 20 * time.Millisecond, Timeout: time.Second, State: st}); err != nil {
+		t.Fatal(err)
+	}
+	if f.calls.Load() != 0 || st.Load() != nil {
+		t.Fatal("polled before Start")
+	}
+	m.Start()
+	defer m.Close()
+	eventually(t, time.Second, func() bool { return st.Load() != nil }, "first poll")
+	eventually(t, 2*time.Second, func() bool { return f.calls.Load() >= 5 }, "five polls")
+	if snap := st.Load(); snap.Report == nil || snap.OK < 1 || snap.Err != nil {
+		t.Fatalf("snapshot = %+v", snap)
+	}
+}
+
+func TestHungEndpointDelaysNoOther(t *testing.T) {
+	m := New(Options{})
+	release := make(chan struct{})
+	hung := &funcFetcher{fn: func(ctx context.Context) (*loadpolicy.Report, error) {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-release:
+			return nil, errors.New("released")
+		}
+	}}
+	healthy := okFetcher()
+	hungState, healthyState := new(State), new(State)
+	_ = m.Add(Target{Key: "hung", Fetcher: hung, Interval: 10 * time.Millisecond, Timeout: time.Hour, State: hungState})
+	_ = m.Add(Target{Key: "ok", Fetcher: healthy, Interval: 10 * time.Millisecond, Timeout: time.Hour, State: healthyState})
+	m.Start()
+	defer m.Close()
+	defer close(release)
+	eventually(t, 2*time.Second, func() bool { return healthy.calls.Load() >= 10 }, "ten polls of the healthy endpoint")
+	if hungState.Load() != nil {
+		t.Fatal("the hung poll published a result")
+	}
+}
+
+func TestDeadlineCutsPollAndKeepsLastReport(t *testing.T) {
+	m := New(Options{})
+	var hang atomic.Bool
+	f := &funcFetcher{fn: func(ctx context.Context) (*loadpolicy.Report, error) {
+		if hang.Load() {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{{Fields: loadpolicy.FieldRunning}}), nil
+	}}
+	st := new(State)
+	_ = m.Add(Target{Key: "a", Fetcher: f, Interval: 10 * time.Millisecond, Timeout: 20 * time.Millisecond, State: st})
+	m.Start()
+	defer m.Close()
+	eventually(t, time.Second, func() bool { s := st.Load(); return s != nil && s.Report != nil }, "a report")
+	good := st.Load().Report
+	hang.Store(true)
+	eventually(t, 2*time.Second, func() bool { s := st.Load(); return s.Err != nil }, "a timeout error")
+	snap := st.Load()
+	var te *TimeoutError
+	if !errors.As(snap.Err, &te) || !errors.Is(snap.Err, context.DeadlineExceeded) {
+		t.Fatalf("error = %v, want a TimeoutError", snap.Err)
+	}
+	if snap.Report != good {
+		t.Fatal("a failed poll dropped the last good report")
+	}
+	if snap.Fresh(good.Received.Add(time.Second), 500*time.Millisecond) != nil {
+		t.Fatal("a report older than stale_after is still fresh")
+	}
+	if snap.Fresh(good.Received.Add(100*time.Millisecond), 500*time.Millisecond) == nil {
+		t.Fatal("a young report is not fresh")
+	}
+}
+
+func TestStopWaitsAndRemoveCloses(t *testing.T) {
+	m := New(Options{})
+	f := okFetcher()
+	st := new(State)
+	_ = m.Add(Target{Key: "a", Fetcher: f, Interval: 5 * time.Millisecond, Timeout: time.Second, State: st})
+	if err := m.Add(Target{Key: "a", Fetcher: f, Interval: 5 * time.Millisecond, Timeout: time.Second, State: st}); err == nil {
+		t.Fatal("a duplicate key was accepted")
+	}
+	m.Start()
+	eventually(t, time.Second, func() bool { return f.calls.Load() >= 3 }, "polls")
+	m.Stop()
+	after := f.calls.Load()
+	// Stop waited for the poller: nothing polls any more. A restart resumes.
+	m.Start()
+	eventually(t, time.Second, func() bool { return f.calls.Load() > after }, "polls after restart")
+	m.Remove("a")
+	if !f.closed.Load() {
+		t.Fatal("Remove did not close the fetcher")
+	}
+	stopped := f.calls.Load()
+	m.Stop()
+	if f.calls.Load() != stopped {
+		t.Fatal("polled after Remove")
+	}
+}
+
+func TestConcurrencyCap(t *testing.T) {
+	const limit = 3
+	m := New(Options{MaxConcurrent: limit})
+	var inFlight, peak atomic.Int64
+	release := make(chan struct{})
+	for i := range 20 {
+		f := &funcFetcher{fn: func(ctx context.Context) (*loadpolicy.Report, error) {
+			n := inFlight.Add(1)
+			for {
+				p := peak.Load()
+				if n <= p || peak.CompareAndSwap(p, n) {
+					break
+				}
+			}
+			defer inFlight.Add(-1)
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return nil, errors.New("done")
+		}}
+		_ = m.Add(Target{Key: fmt.Sprint(i), Fetcher: f, Interval: time.Millisecond, Timeout: time.Hour, State: new(State)})
+	}
+	m.Start()
+	eventually(t, time.Second, func() bool { return inFlight.Load() == limit }, "the cap to fill")
+	close(release)
+	m.Close()
+	if peak.Load() > limit {
+		t.Fatalf("peak concurrent polls = %d, cap %d", peak.Load(), limit)
+	}
+}
+
+func TestRefreshPollsNow(t *testing.T) {
+	m := New(Options{})
+	f := okFetcher()
+	st := new(State)
+	_ = m.Add(Target{Key: "a", Fetcher: f, Interval: time.Hour, Timeout: time.Second, State: st})
+	if err := m.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st.Load() == nil || st.Load().OK != 1 {
+		t.Fatalf("after Refresh: %+v", st.Load())
+	}
+}
+
+func TestFailingEndpointSlowsDownAndRecovers(t *testing.T) {
+	var fail atomic.Bool
+	fail.Store(true)
+	f := &funcFetcher{fn: func(context.Context) (*loadpolicy.Report, error) {
+		if fail.Load() {
+			return nil, errors.New("refused")
+		}
+		return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{{Fields: loadpolicy.FieldRunning}}), nil
+	}}
+	m := New(Options{})
+	st := new(State)
+	_ = m.Add(Target{Key: "a", Fetcher: f, Interval: 10 * time.Millisecond, Timeout: time.Second, State: st})
+	m.Start()
+	defer m.Close()
+	eventually(t, time.Second, func() bool { s := st.Load(); return s != nil && s.Failures >= failingSlowdown+1 }, "failures")
+	if s := st.Load(); s.Failed != uint64(s.Failures) || s.OK != 0 {
+		t.Fatalf("counters = %+v", s)
+	}
+	fail.Store(false)
+	eventually(t, time.Second, func() bool { s := st.Load(); return s.Err == nil && s.Report != nil }, "recovery")
+	if s := st.Load(); s.Failures != 0 || s.OK != 1 {
+		t.Fatalf("after recovery = %+v", s)
+	}
+}
