@@ -1,0 +1,628 @@
+package sglangsim
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-sglang/caddy-sglang/httpload"
+	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
+)
+
+func TestLoadsWireShape(t *testing.T) {
+	_, base := startWorker(t, Config{MaxTotalTokens: 90000, MaxRunningRequests: 256, DPRanks: 2, Version: "0.5.9"})
+
+	resp, b := get(t, base+"/v1/loads?include=core")
+	mustStatus(t, resp, b, http.StatusOK)
+	var l wireLoads
+	decodeStrict(t, b, &l)
+	if l.Version != "0.5.9" || l.Accelerator != "sim" || l.NumAccelerators != 2 || len(l.Loads) != 2 {
+		t.Fatalf("top level: %s", b)
+	}
+	if _, err := time.Parse("2006-01-02T15:04:05.999999-07:00", l.Timestamp); err != nil || !strings.HasSuffix(l.Timestamp, "+00:00") {
+		t.Fatalf("timestamp %q: %v", l.Timestamp, err)
+	}
+	if l.DPRankCount != nil || l.Aggregate != nil {
+		t.Fatalf("current shape carries legacy fields: %s", b)
+	}
+	for i, rk := range l.Loads {
+		if rk.DPRank != i || rk.MaxTotalNumTokens != 90000 || rk.MaxRunningRequests != 256 ||
+			rk.NumWaitingUncachedTokens == nil || rk.NumTotalReqs != nil || rk.Memory != nil || rk.Queues != nil {
+			t.Fatalf("rank %d: %+v", i, rk)
+		}
+	}
+	// Every core field of the wire description is present.
+	var raw struct{ Loads []map[string]json.RawMessage }
+	if err := json.Unmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"dp_rank", "num_running_reqs", "num_waiting_reqs", "num_waiting_uncached_tokens",
+		"num_used_tokens", "num_total_tokens", "max_total_num_tokens", "max_running_requests", "token_usage",
+		"gen_throughput", "cache_hit_rate", "utilization"} {
+		if _, ok := raw.Loads[0][f]; !ok {
+			t.Errorf("field %s missing", f)
+		}
+	}
+
+	rep, err := httpload.DecodeLoads(b, time.Now())
+	if err != nil {
+		t.Fatalf("httpload.DecodeLoads: %v", err)
+	}
+	all := loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldWaitingUncachedTokens |
+		loadpolicy.FieldUsedTokens | loadpolicy.FieldTotalTokens | loadpolicy.FieldMaxTotalTokens |
+		loadpolicy.FieldMaxRunning | loadpolicy.FieldTokenUsage | loadpolicy.FieldGenThroughput |
+		loadpolicy.FieldCacheHitRate | loadpolicy.FieldUtilization
+	if len(rep.Ranks) != 2 || !rep.Ranks[1].Has(all) || rep.MaxTotalTokens != 180000 || rep.Version != "0.5.9" {
+		t.Fatalf("report: %+v", rep)
+	}
+
+	// No include means all: memory and queues appear.
+	resp, b = get(t, base+"/v1/loads")
+	mustStatus(t, resp, b, http.StatusOK)
+	l = wireLoads{}
+	decodeStrict(t, b, &l)
+	if m := l.Loads[0].Memory; m == nil || m.TokenCapacity != 90000 || l.Loads[0].Queues == nil {
+		t.Fatalf("include=all: %s", b)
+	}
+	resp, b = get(t, base+"/v1/loads?include=core,queues&include=spec&dp_rank=1")
+	mustStatus(t, resp, b, http.StatusOK)
+	l = wireLoads{}
+	decodeStrict(t, b, &l)
+	if len(l.Loads) != 1 || l.Loads[0].DPRank != 1 || l.Loads[0].Queues == nil || l.Loads[0].Memory != nil {
+		t.Fatalf("include=core,queues dp_rank=1: %s", b)
+	}
+
+	resp, b = get(t, base+"/v1/loads?include=core&format=prometheus")
+	mustStatus(t, resp, b, http.StatusOK)
+	if !strings.Contains(string(b), `sglang:max_total_num_tokens{dp_rank="1"} 90000`) {
+		t.Fatalf("prometheus loads:\n%s", b)
+	}
+
+	for _, q := range []string{"include=core,bogus", "dp_rank=2", "dp_rank=x", "format=xml"} {
+		resp, b = get(t, base+"/v1/loads?"+q)
+		mustStatus(t, resp, b, http.StatusBadRequest)
+	}
+}
+
+func TestLegacyShapeAndGetLoad(t *testing.T) {
+	_, base := startWorker(t, Config{LegacyShape: true, DPRanks: 2})
+	resp, b := get(t, base+"/v1/loads?include=core")
+	mustStatus(t, resp, b, http.StatusOK)
+	var l wireLoads
+	decodeStrict(t, b, &l)
+	if l.DPRankCount == nil || *l.DPRankCount != 2 || l.Aggregate == nil {
+		t.Fatalf("legacy top level: %s", b)
+	}
+	if rk := l.Loads[0]; rk.NumTotalReqs == nil || rk.NumWaitingUncachedTokens != nil {
+		t.Fatalf("legacy rank: %s", b)
+	}
+	rep, err := httpload.DecodeLoads(b, time.Now())
+	if err != nil || len(rep.Ranks) != 2 || rep.Ranks[0].Has(loadpolicy.FieldWaitingUncachedTokens) {
+		t.Fatalf("httpload.DecodeLoads legacy: %+v, %v", rep, err)
+	}
+
+	resp, b = get(t, base+"/get_load")
+	mustStatus(t, resp, b, http.StatusOK)
+	var gl []struct {
+		DPRank         int     `json:"dp_rank"`
+		NumReqs        int     `json:"num_reqs"`
+		NumWaitingReqs int     `json:"num_waiting_reqs"`
+		NumTokens      int64   `json:"num_tokens"`
+		TsTic          float64 `json:"ts_tic"`
+	}
+	decodeStrict(t, b, &gl)
+	if len(gl) != 2 || gl[1].DPRank != 1 || gl[0].TsTic <= 0 {
+		t.Fatalf("get_load: %s", b)
+	}
+	if _, err := httpload.DecodeLegacyLoads(b, time.Now()); err != nil {
+		t.Fatalf("httpload.DecodeLegacyLoads: %v", err)
+	}
+
+	resp, b = get(t, base+"/metrics")
+	mustStatus(t, resp, b, http.StatusOK)
+	for _, m := range []string{"num_running_reqs", "num_queue_reqs", "token_usage", "num_used_tokens", "max_total_num_tokens", "gen_throughput"} {
+		if !strings.Contains(string(b), "# TYPE sglang:"+m+" gauge\nsglang:"+m+"{") {
+			t.Errorf("metric sglang:%s missing", m)
+		}
+	}
+}
+
+func TestLoadsFollowRequests(t *testing.T) {
+	cfg := fastConfig()
+	cfg.DecodeTokensPerSec = 500
+	w, base := startWorker(t, cfg)
+	if l := loads(t, base); l.NumRunningReqs != 0 || l.NumUsedTokens != 0 {
+		t.Fatalf("idle worker: %+v", l)
+	}
+	const n = 4
+	var chans []<-chan result
+	for range n {
+		chans = append(chans, goPost(t.Context(), base+"/generate", gen(100, 100)))
+	}
+	eventually(t, "all requests running", func() bool {
+		l := loads(t, base)
+		return l.NumRunningReqs == n && l.NumUsedTokens == n*200 && l.TokenUsage > 0
+	})
+	eventually(t, "gen_throughput > 0", func() bool { return loads(t, base).GenThroughput > 0 })
+	for _, ch := range chans {
+		r := await(t, ch)
+		if r.status != http.StatusOK || r.header.Get(HeaderWorker) != "test" {
+			t.Fatalf("generate: %d %v %s", r.status, r.header, r.body)
+		}
+		var g struct {
+			Text     string
+			MetaInfo struct {
+				PromptTokens     int64    `json:"prompt_tokens"`
+				CompletionTokens int64    `json:"completion_tokens"`
+				E2ELatency       float64  `json:"e2e_latency"`
+				QueueTime        *float64 `json:"queue_time"`
+			} `json:"meta_info"`
+		}
+		if err := json.Unmarshal(r.body, &g); err != nil {
+			t.Fatal(err)
+		}
+		if g.MetaInfo.PromptTokens != 100 || g.MetaInfo.CompletionTokens != 100 || len(g.Text) != 400 ||
+			g.MetaInfo.E2ELatency <= 0 || g.MetaInfo.QueueTime == nil {
+			t.Fatalf("generate response: %s", r.body)
+		}
+	}
+	eventually(t, "drained", func() bool {
+		l := loads(t, base)
+		return l.NumRunningReqs == 0 && l.NumWaitingReqs == 0 && l.NumUsedTokens == 0 && l.TokenUsage == 0
+	})
+	if s := w.Stats(); s.Served != n || s.PeakUsedTokens != n*200 || s.Failed != 0 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
+func TestQueueWhenPoolFull(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxTotalTokens = 1000
+	cfg.DecodeTokensPerSec = 1000
+	w, base := startWorker(t, cfg)
+	// Each request needs 400 + 100 tokens: two fit in the pool, three wait.
+	var chans []<-chan result
+	for range 5 {
+		chans = append(chans, goPost(t.Context(), base+"/generate", gen(400, 100)))
+	}
+	eventually(t, "requests queued on a full pool", func() bool {
+		l := loads(t, base)
+		if l.NumWaitingReqs > 0 {
+			if l.NumUsedTokens > 1000 || l.TokenUsage > 1 {
+				t.Fatalf("pool over capacity: %+v", l)
+			}
+			return l.NumWaitingUncachedTokens != nil && *l.NumWaitingUncachedTokens == int64(l.NumWaitingReqs)*400 &&
+				l.NumTotalTokens == l.NumUsedTokens+*l.NumWaitingUncachedTokens
+		}
+		return false
+	})
+	queued := 0
+	for _, ch := range chans {
+		r := await(t, ch)
+		mustOK(t, r)
+		var g struct {
+			MetaInfo struct {
+				QueueTime float64 `json:"queue_time"`
+			} `json:"meta_info"`
+		}
+		if err := json.Unmarshal(r.body, &g); err != nil {
+			t.Fatal(err)
+		}
+		if g.MetaInfo.QueueTime >= 0.05 {
+			queued++
+		}
+	}
+	if queued < 3 {
+		t.Errorf("%d requests report a queue time, want at least 3", queued)
+	}
+	eventually(t, "queue drained", func() bool {
+		l := loads(t, base)
+		return l.NumWaitingReqs == 0 && *l.NumWaitingUncachedTokens == 0 && l.NumUsedTokens == 0
+	})
+	if s := w.Stats(); s.PeakUsedTokens != 1000 || s.PeakTokenUsage != 1 {
+		t.Fatalf("peak: %+v", s)
+	}
+}
+
+func mustOK(t *testing.T, r result) {
+	t.Helper()
+	if r.status != http.StatusOK {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+}
+
+func TestRunningCapQueues(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxRunningRequests = 2
+	cfg.DecodeTokensPerSec = 1000
+	_, base := startWorker(t, cfg)
+	var chans []<-chan result
+	for range 5 {
+		chans = append(chans, goPost(t.Context(), base+"/generate", gen(10, 100)))
+	}
+	eventually(t, "running cap reached", func() bool {
+		l := loads(t, base)
+		if l.NumRunningReqs > 2 {
+			t.Fatalf("running %d above the cap", l.NumRunningReqs)
+		}
+		return l.NumRunningReqs == 2 && l.NumWaitingReqs > 0
+	})
+	for _, ch := range chans {
+		mustOK(t, await(t, ch))
+	}
+}
+
+func TestRoundRobinRanks(t *testing.T) {
+	cfg := fastConfig()
+	cfg.DPRanks = 2
+	cfg.DecodeTokensPerSec = 0.001 // requests stay running until the worker closes
+	w, base := startWorker(t, cfg)
+	a := goPost(t.Context(), base+"/generate", gen(10, 10))
+	b := goPost(t.Context(), base+"/generate", gen(10, 10))
+	eventually(t, "one request on each rank", func() bool {
+		l := w.Loads()
+		return l[0].Running == 1 && l[1].Running == 1
+	})
+	w.Close()
+	for _, ch := range []<-chan result{a, b} {
+		if r := await(t, ch); r.status != http.StatusServiceUnavailable {
+			t.Fatalf("after Close: %d %s", r.status, r.body)
+		}
+	}
+	resp, body := do(t, "POST", base+"/generate", "", gen(1, 1))
+	mustStatus(t, resp, body, http.StatusServiceUnavailable)
+}
+
+func TestCloseReleasesWaiting(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxTotalTokens = 100
+	cfg.DecodeTokensPerSec = 0.001
+	w, base := startWorker(t, cfg)
+	run := goPost(t.Context(), base+"/generate", gen(50, 50))
+	wait := goPost(t.Context(), base+"/v1/chat/completions", map[string]any{
+		"messages": []any{map[string]any{"role": "user", "content": "hi"}}, "prompt_tokens": 50, "max_tokens": 50})
+	eventually(t, "one waiting", func() bool { return w.Loads()[0].Waiting == 1 })
+	w.Close()
+	for _, ch := range []<-chan result{run, wait} {
+		if r := await(t, ch); r.status != http.StatusServiceUnavailable {
+			t.Fatalf("after Close: %d %s", r.status, r.body)
+		}
+	}
+	resp, b := get(t, base+"/health")
+	mustStatus(t, resp, b, http.StatusServiceUnavailable)
+}
+
+func TestClientCancelFreesKV(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxTotalTokens = 100
+	cfg.DecodeTokensPerSec = 0.001
+	w, base := startWorker(t, cfg)
+	ctx, cancel := context.WithCancel(t.Context())
+	run := goPost(ctx, base+"/generate", gen(50, 50))
+	wait := goPost(ctx, base+"/generate", gen(50, 50))
+	eventually(t, "pool full and one waiting", func() bool {
+		l := w.Loads()[0]
+		return l.UsedTokens == 100 && l.Waiting == 1
+	})
+	cancel()
+	<-run
+	<-wait
+	eventually(t, "KV freed", func() bool {
+		l := w.Loads()[0]
+		return l.UsedTokens == 0 && l.Waiting == 0 && l.Running == 0
+	})
+	if s := w.Stats(); s.Failed != 2 || s.Served != 0 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
+func TestStreamingChat(t *testing.T) {
+	cfg := fastConfig()
+	cfg.DecodeTokensPerSec = 1000
+	_, base := startWorker(t, cfg)
+	body := map[string]any{
+		"model":          "m",
+		"messages":       []any{map[string]any{"role": "user", "content": "0123456789"}},
+		"max_tokens":     40,
+		"stream":         true,
+		"stream_options": map[string]any{"include_usage": true},
+	}
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" ||
+		resp.Header.Get(HeaderWorker) != "test" || resp.Header.Get(HeaderQueueTime) == "" {
+		t.Fatalf("stream response: %d %v", resp.StatusCode, resp.Header)
+	}
+	events := sseEvents(t, resp.Body)
+	if len(events) < 4 || events[len(events)-1] != "[DONE]" {
+		t.Fatalf("events: %q", events)
+	}
+	var content strings.Builder
+	var finish string
+	var usage *chatUsage
+	contentChunks := 0
+	for i, e := range events[:len(events)-1] {
+		var c chatResponse
+		if err := json.Unmarshal([]byte(e), &c); err != nil {
+			t.Fatalf("chunk %q: %v", e, err)
+		}
+		if c.Object != "chat.completion.chunk" || c.Model != "m" {
+			t.Fatalf("chunk %q", e)
+		}
+		if c.Usage != nil {
+			usage = c.Usage
+			continue
+		}
+		d := c.Choices[0].Delta
+		if i == 0 && d.Role != "assistant" {
+			t.Fatalf("first chunk without role: %q", e)
+		}
+		if d.Content != "" {
+			contentChunks++
+		}
+		content.WriteString(d.Content)
+		if f := c.Choices[0].FinishReason; f != nil {
+			finish = *f
+		}
+	}
+	if content.String() != filler(0, 40) || finish != "length" || contentChunks < 2 {
+		t.Fatalf("content %q (%d chunks), finish %q", content.String(), contentChunks, finish)
+	}
+	if usage == nil || usage.PromptTokens != 3 || usage.CompletionTokens != 40 || usage.TotalTokens != 43 {
+		t.Fatalf("usage: %+v", usage)
+	}
+}
+
+func TestStreamingGenerateAndChat(t *testing.T) {
+	_, base := startWorker(t, fastConfig())
+	resp, err := http.Post(base+"/generate", "application/json",
+		strings.NewReader(`{"text":"abcdefgh","sampling_params":{"max_new_tokens":20},"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := sseEvents(t, resp.Body)
+	resp.Body.Close()
+	if events[len(events)-1] != "[DONE]" {
+		t.Fatalf("events: %q", events)
+	}
+	var last generateResponse
+	if err := json.Unmarshal([]byte(events[len(events)-2]), &last); err != nil {
+		t.Fatal(err)
+	}
+	if last.Text != filler(0, 20) || last.MetaInfo.CompletionTokens != 20 || last.MetaInfo.PromptTokens != 2 ||
+		last.MetaInfo.FinishReason["type"] != "length" || last.MetaInfo.E2ELatency <= 0 {
+		t.Fatalf("last event: %+v", last)
+	}
+
+	r, b := do(t, "POST", base+"/v1/chat/completions", "", map[string]any{
+		"messages": []any{map[string]any{"role": "user", "content": []any{map[string]any{"type": "text", "text": "12345"}}}},
+	})
+	mustStatus(t, r, b, http.StatusOK)
+	var c chatResponse
+	if err := json.Unmarshal(b, &c); err != nil {
+		t.Fatal(err)
+	}
+	if c.Object != "chat.completion" || c.Choices[0].Message.Content != filler(0, defaultMaxOut) ||
+		c.Usage.PromptTokens != 2 || c.Usage.CompletionTokens != defaultMaxOut || r.Header.Get(HeaderWorker) != "test" {
+		t.Fatalf("chat: %s", b)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxTotalTokens = 100
+	cfg.DPRanks = 2
+	_, base := startWorker(t, cfg)
+	for _, body := range []string{
+		`{"text":"hi","prompt_tokens":90,"sampling_params":{"max_new_tokens":20}}`,
+		`{"text":["a","b"]}`,
+		`{"text":"hi","prompt_tokens":1.5}`,
+		`{"text":"hi","prompt_tokens":0}`,
+		`{"sampling_params":{}}`,
+		`{"text":"hi","data_parallel_rank":2}`,
+		`{"text":"hi"} trailing`,
+		`not json`,
+	} {
+		resp, err := http.Post(base+"/generate", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("%s: status %d, want 400", body, resp.StatusCode)
+		}
+	}
+	resp, b := do(t, "POST", base+"/v1/chat/completions", "", map[string]any{"messages": []any{}})
+	mustStatus(t, resp, b, http.StatusBadRequest)
+}
+
+func TestAPIKey(t *testing.T) {
+	cfg := fastConfig()
+	cfg.APIKey = "s3cret"
+	_, base := startWorker(t, cfg)
+	chat := map[string]any{"messages": []any{map[string]any{"role": "user", "content": "x"}}, "max_tokens": 1}
+	cases := []struct {
+		method, path string
+		body         any
+	}{
+		{"GET", "/v1/loads", nil},
+		{"GET", "/get_load", nil},
+		{"POST", "/generate", gen(1, 1)},
+		{"POST", "/v1/chat/completions", chat},
+	}
+	for _, c := range cases {
+		resp, b := do(t, c.method, base+c.path, "", c.body)
+		mustStatus(t, resp, b, http.StatusUnauthorized)
+		resp, b = do(t, c.method, base+c.path, "wrong", c.body)
+		mustStatus(t, resp, b, http.StatusUnauthorized)
+		resp, b = do(t, c.method, base+c.path, "s3cret", c.body)
+		mustStatus(t, resp, b, http.StatusOK)
+	}
+	for _, p := range []string{"/health", "/metrics"} {
+		resp, b := get(t, base+p)
+		mustStatus(t, resp, b, http.StatusOK)
+	}
+}
+
+func TestFaults(t *testing.T) {
+	w, base := startWorker(t, fastConfig())
+	f := w.Faults()
+
+	// Hang: a poll with a deadline gives up; a pending one answers once released.
+	f.SetHangLoads(true)
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	req, _ := http.NewRequestWithContext(ctx, "GET", base+"/v1/loads", nil)
+	if _, err := http.DefaultClient.Do(req); err == nil {
+		t.Fatal("hung /v1/loads answered")
+	}
+	cancel()
+	eventually(t, "hung request released by its context", func() bool { return f.State().Hung == 0 })
+	done := make(chan int, 1)
+	go func() {
+		resp, err := http.Get(base + "/get_load")
+		if err != nil {
+			done <- 0
+			return
+		}
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	eventually(t, "request hanging", func() bool { return f.State().Hung == 1 })
+	select {
+	case <-done:
+		t.Fatal("hung /get_load answered")
+	default:
+	}
+	f.SetHangLoads(false)
+	if code := <-done; code != http.StatusOK {
+		t.Fatalf("released /get_load: %d", code)
+	}
+
+	f.SetGarbageLoads(true)
+	resp, b := get(t, base+"/v1/loads")
+	mustStatus(t, resp, b, http.StatusOK)
+	if json.Valid(b) {
+		t.Fatalf("garbage is valid JSON: %q", b)
+	}
+	if _, err := httpload.DecodeLoads(b, time.Now()); err == nil {
+		t.Fatal("httpload.DecodeLoads accepted garbage")
+	}
+	f.SetGarbageLoads(false)
+
+	f.SetNotFoundLoads(true)
+	resp, b = get(t, base+"/v1/loads")
+	mustStatus(t, resp, b, http.StatusNotFound)
+	resp, b = get(t, base+"/get_load")
+	mustStatus(t, resp, b, http.StatusOK)
+	f.SetNotFoundLoads(false)
+
+	var hookGot time.Duration
+	f.OnDown(func(d time.Duration) { hookGot = d })
+	f.Down(time.Hour)
+	if hookGot != time.Hour {
+		t.Fatalf("OnDown hook got %v", hookGot)
+	}
+	for _, p := range []string{"/health", "/v1/loads", "/metrics"} {
+		resp, b = get(t, base+p)
+		mustStatus(t, resp, b, http.StatusServiceUnavailable)
+	}
+	resp, b = do(t, "POST", base+"/generate", "", gen(1, 1))
+	mustStatus(t, resp, b, http.StatusServiceUnavailable)
+
+	// The control endpoint stays reachable while down.
+	resp, b = do(t, "POST", base+"/sim/fault?down=0&garbage=1&not_found=true", "", nil)
+	mustStatus(t, resp, b, http.StatusOK)
+	var st FaultState
+	decodeStrict(t, b, &st)
+	if st != (FaultState{GarbageLoads: true, NotFoundLoads: true}) || f.IsDown() {
+		t.Fatalf("fault state: %s", b)
+	}
+	resp, b = do(t, "POST", base+"/sim/fault?reset=1&hang_loads=1", "", nil)
+	mustStatus(t, resp, b, http.StatusOK)
+	if st := f.State(); st != (FaultState{HangLoads: true}) {
+		t.Fatalf("after reset: %+v", st)
+	}
+	f.Reset()
+	resp, b = do(t, "POST", base+"/sim/fault?down=5s", "", nil)
+	mustStatus(t, resp, b, http.StatusOK)
+	if !f.IsDown() {
+		t.Fatal("down=5s did not take the worker down")
+	}
+	f.Down(0)
+	for _, q := range []string{"bogus=1", "garbage=maybe", "down=soon"} {
+		resp, b = do(t, "POST", base+"/sim/fault?"+q, "", nil)
+		mustStatus(t, resp, b, http.StatusBadRequest)
+	}
+	resp, b = get(t, base+"/v1/loads")
+	mustStatus(t, resp, b, http.StatusOK)
+	resp, b = get(t, base+"/sim/stats")
+	mustStatus(t, resp, b, http.StatusOK)
+}
+
+// An idle worker must cost no goroutine, so one process can host a large fleet.
+func TestIdleWorkersAreFree(t *testing.T) {
+	before := runtime.NumGoroutine()
+	ws := make([]*Worker, 1000)
+	for i := range ws {
+		ws[i] = New(Config{})
+	}
+	for _, w := range ws {
+		_ = w.Loads()
+	}
+	if after := runtime.NumGoroutine(); after > before+5 {
+		t.Fatalf("1000 idle workers started %d goroutines", after-before)
+	}
+	// A worker's clock stops once it drains.
+	w := New(fastConfig())
+	defer w.Close()
+	r, err := w.submit(1, 5, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-r.done
+	eventually(t, "tick goroutine stops", func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return !w.looping
+	})
+}
+
+// The decode model: a lone request decodes at DecodeTokensPerSec, a batch shares the speed-up.
+func TestDecodeSpeedModel(t *testing.T) {
+	w := New(Config{PrefillTokensPerSec: 1e9, DecodeTokensPerSec: 100, DPRanks: 1})
+	defer w.Close()
+	w.mu.Lock()
+	// Drive the model by hand: no waiting on the clock.
+	w.looping = true // keep the real loop out
+	start := time.Now()
+	w.last = start
+	var reqs []*request
+	for range 17 {
+		r := &request{prompt: 1, maxOut: 1000, notify: make(chan struct{}, 1), started: make(chan struct{}), done: make(chan struct{})}
+		r.rank = w.ranks[0]
+		w.ranks[0].waiting = append(w.ranks[0].waiting, r)
+		reqs = append(reqs, r)
+	}
+	w.admit(w.ranks[0], start)
+	w.step(start.Add(time.Millisecond))        // prefill: first token each
+	w.step(start.Add(1001 * time.Millisecond)) // one second of decode with 17 in the batch
+	w.looping = false
+	w.mu.Unlock()
+	// 100 / (1 + 16/16) = 50 tokens/s each, plus the first token from prefill.
+	for _, r := range reqs {
+		if got := r.emitted.Load(); got != 51 {
+			t.Fatalf("emitted %d, want 51", got)
+		}
+	}
+	if got := w.Loads()[0].Running; got != 17 {
+		t.Fatalf("running %d", got)
+	}
+}
