@@ -1,0 +1,332 @@
+package httpload
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
+)
+
+// wireLoads is the body of GET /v1/loads. Fields are kept raw so that a missing field stays distinguishable
+// from a zero, and a wrong type can be reported with the field's name. Older servers also send
+// dp_rank_count and aggregate: ranks are counted with len(loads) and totals computed by NewReport.
+type wireLoads struct {
+	Version json.RawMessage `json:"version"`
+	Loads   json.RawMessage `json:"loads"`
+}
+
+// wireRank is one element of loads. num_total_reqs (older servers) is running + waiting, so it is not read.
+type wireRank struct {
+	DPRank                json.RawMessage `json:"dp_rank"`
+	Running               json.RawMessage `json:"num_running_reqs"`
+	Waiting               json.RawMessage `json:"num_waiting_reqs"`
+	WaitingUncachedTokens json.RawMessage `json:"num_waiting_uncached_tokens"`
+	UsedTokens            json.RawMessage `json:"num_used_tokens"`
+	TotalTokens           json.RawMessage `json:"num_total_tokens"`
+	MaxTotalTokens        json.RawMessage `json:"max_total_num_tokens"`
+	MaxRunning            json.RawMessage `json:"max_running_requests"`
+	TokenUsage            json.RawMessage `json:"token_usage"`
+	GenThroughput         json.RawMessage `json:"gen_throughput"`
+	CacheHitRate          json.RawMessage `json:"cache_hit_rate"`
+	Utilization           json.RawMessage `json:"utilization"`
+}
+
+// wireLegacyRank is one element of the array GET /get_load answers. ts_tic is a monotonic counter of the
+// worker's, useless to another host, so it is not read.
+type wireLegacyRank struct {
+	DPRank     json.RawMessage `json:"dp_rank"`
+	NumReqs    json.RawMessage `json:"num_reqs"`
+	NumWaiting json.RawMessage `json:"num_waiting_reqs"`
+	NumTokens  json.RawMessage `json:"num_tokens"`
+}
+
+// DecodeLoads decodes the body of GET /v1/loads, current or older shape. Every field is optional and
+// only the fields present set their loadpolicy.Field bit. An empty, null or missing loads is a report
+// with no ranks ("no data yet"), not an error. Errors are *DecodeError.
+func DecodeLoads(body []byte, received time.Time) (*loadpolicy.Report, error) {
+	var top wireLoads
+	if err := json.Unmarshal(body, &top); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) {
+			err = fmt.Errorf("want an object, got %s", jsonKind(body))
+		}
+		return nil, &DecodeError{Err: err}
+	}
+	var items []json.RawMessage
+	if len(top.Loads) > 0 {
+		var err error
+		if items, err = unmarshalList(top.Loads, "loads"); err != nil {
+			return nil, err
+		}
+	}
+	ranks := make([]loadpolicy.Rank, len(items))
+	for i, item := range items {
+		var w wireRank
+		d := rankDecoder{prefix: "loads[" + strconv.Itoa(i) + "]", rk: &ranks[i]}
+		if !d.object(item, &w) {
+			return nil, d.err
+		}
+		d.dpRank(w.DPRank, i)
+		d.int(w.Running, "num_running_reqs", &d.rk.Running, loadpolicy.FieldRunning)
+		d.int(w.Waiting, "num_waiting_reqs", &d.rk.Waiting, loadpolicy.FieldWaiting)
+		d.int(w.WaitingUncachedTokens, "num_waiting_uncached_tokens", &d.rk.WaitingUncachedTokens, loadpolicy.FieldWaitingUncachedTokens)
+		d.int(w.UsedTokens, "num_used_tokens", &d.rk.UsedTokens, loadpolicy.FieldUsedTokens)
+		d.int(w.TotalTokens, "num_total_tokens", &d.rk.TotalTokens, loadpolicy.FieldTotalTokens)
+		d.int(w.MaxTotalTokens, "max_total_num_tokens", &d.rk.MaxTotalTokens, loadpolicy.FieldMaxTotalTokens)
+		d.int(w.MaxRunning, "max_running_requests", &d.rk.MaxRunning, loadpolicy.FieldMaxRunning)
+		d.float(w.TokenUsage, "token_usage", &d.rk.TokenUsage, loadpolicy.FieldTokenUsage)
+		d.float(w.GenThroughput, "gen_throughput", &d.rk.GenThroughput, loadpolicy.FieldGenThroughput)
+		d.float(w.CacheHitRate, "cache_hit_rate", &d.rk.CacheHitRate, loadpolicy.FieldCacheHitRate)
+		d.float(w.Utilization, "utilization", &d.rk.Utilization, loadpolicy.FieldUtilization)
+		if d.err != nil {
+			return nil, d.err
+		}
+	}
+	if err := checkTotals(ranks, "loads"); err != nil {
+		return nil, err
+	}
+	return loadpolicy.NewReport(received, decodeVersion(top.Version), ranks), nil
+}
+
+// DecodeLegacyLoads decodes the body of the deprecated GET /get_load: a bare array of per-rank
+// {dp_rank, num_reqs, num_waiting_reqs, num_tokens, ts_tic}. num_reqs counts running and waiting
+// requests; num_tokens counts KV tokens in use plus the queued requests' sequence lengths, which is
+// what num_total_tokens means on /v1/loads, so it is not reported as used tokens. Errors are *DecodeError.
+func DecodeLegacyLoads(body []byte, received time.Time) (*loadpolicy.Report, error) {
+	items, err := unmarshalList(body, "")
+	if err != nil {
+		return nil, err
+	}
+	ranks := make([]loadpolicy.Rank, len(items))
+	for i, item := range items {
+		var w wireLegacyRank
+		d := rankDecoder{prefix: "[" + strconv.Itoa(i) + "]", rk: &ranks[i]}
+		if !d.object(item, &w) {
+			return nil, d.err
+		}
+		d.dpRank(w.DPRank, i)
+		var reqs int64
+		d.int(w.NumReqs, "num_reqs", &reqs, 0)
+		d.int(w.NumWaiting, "num_waiting_reqs", &d.rk.Waiting, loadpolicy.FieldWaiting)
+		d.int(w.NumTokens, "num_tokens", &d.rk.TotalTokens, loadpolicy.FieldTotalTokens)
+		if d.err != nil {
+			return nil, d.err
+		}
+		// Running is known only from both counts, both sane. They are read at slightly different
+		// moments, so waiting can exceed the total by a little.
+		if !absent(w.NumReqs) && d.rk.Has(loadpolicy.FieldWaiting) && reqs >= 0 && d.rk.Waiting >= 0 {
+			d.rk.Running = max(reqs-d.rk.Waiting, 0)
+			d.rk.Fields |= loadpolicy.FieldRunning
+		}
+	}
+	if err := checkTotals(ranks, ""); err != nil {
+		return nil, err
+	}
+	return loadpolicy.NewReport(received, "", ranks), nil
+}
+
+// unmarshalList decodes a JSON array into its elements; null is no elements. field names the array
+// in errors, empty for the whole body.
+func unmarshalList(raw []byte, field string) ([]json.RawMessage, error) {
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) {
+			err = fmt.Errorf("want an array, got %s", jsonKind(raw))
+		}
+		return nil, &DecodeError{Field: field, Err: err}
+	}
+	return items, nil
+}
+
+// decodeVersion returns the version string; it is informational, so a wrong type is ignored.
+func decodeVersion(raw json.RawMessage) string {
+	var s string
+	if jsonKind(raw) != "string" || json.Unmarshal(raw, &s) != nil {
+		return ""
+	}
+	return s
+}
+
+// rankDecoder fills one Rank and keeps the first error.
+type rankDecoder struct {
+	prefix string
+	rk     *loadpolicy.Rank
+	err    error
+}
+
+func (d *rankDecoder) fail(name string, err error) {
+	if d.err == nil {
+		d.err = &DecodeError{Field: d.prefix + "." + name, Err: err}
+	}
+}
+
+func (d *rankDecoder) object(raw json.RawMessage, v any) bool {
+	if k := jsonKind(raw); k != "object" {
+		d.err = &DecodeError{Field: d.prefix, Err: fmt.Errorf("want an object, got %s", k)}
+		return false
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		d.err = &DecodeError{Field: d.prefix, Err: err}
+		return false
+	}
+	return true
+}
+
+// dpRank reads dp_rank, defaulting to the position in the array.
+func (d *rankDecoder) dpRank(raw json.RawMessage, pos int) {
+	d.rk.DPRank = pos
+	if d.err != nil || absent(raw) {
+		return
+	}
+	v, err := parseInt(raw)
+	if err == nil && int64(int(v)) != v {
+		err = errOutOfRange
+	}
+	if err != nil {
+		d.fail("dp_rank", err)
+		return
+	}
+	d.rk.DPRank = int(v)
+}
+
+func (d *rankDecoder) int(raw json.RawMessage, name string, dst *int64, f loadpolicy.Field) {
+	if d.err != nil || absent(raw) {
+		return
+	}
+	v, err := parseInt(raw)
+	if err != nil {
+		d.fail(name, err)
+		return
+	}
+	*dst = v
+	d.rk.Fields |= f
+}
+
+func (d *rankDecoder) float(raw json.RawMessage, name string, dst *float64, f loadpolicy.Field) {
+	if d.err != nil || absent(raw) {
+		return
+	}
+	v, err := parseFloat(raw)
+	if err != nil {
+		d.fail(name, err)
+		return
+	}
+	*dst = v
+	d.rk.Fields |= f
+}
+
+var (
+	errOutOfRange = errors.New("integer out of int64 range")
+	errNotInteger = errors.New("want an integer, got a fraction")
+	errNotANumber = errors.New("malformed number")
+)
+
+const (
+	whitespaceJSON = " \t\r\n"
+	twoPow63       = 1 << 63 // the first float64 beyond int64
+)
+
+// parseInt reads a JSON number holding an integer. Some servers serialise counts as floats (12.0),
+// so an integral float is accepted too.
+func parseInt(raw json.RawMessage) (int64, error) {
+	if k := jsonKind(raw); k != "number" {
+		return 0, fmt.Errorf("want an integer, got %s", k)
+	}
+	s := string(bytes.Trim(raw, whitespaceJSON))
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err == nil {
+		return v, nil
+	}
+	if errors.Is(err, strconv.ErrRange) {
+		return 0, errOutOfRange
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		return 0, errOutOfRange
+	case err != nil:
+		return 0, errNotANumber
+	case f != math.Trunc(f):
+		return 0, errNotInteger
+	case f >= twoPow63 || f < -twoPow63:
+		return 0, errOutOfRange
+	}
+	return int64(f), nil
+}
+
+// parseFloat reads a JSON number. A value beyond float64 reads as an infinity, which NewReport drops as
+// not sent.
+func parseFloat(raw json.RawMessage) (float64, error) {
+	if k := jsonKind(raw); k != "number" {
+		return 0, fmt.Errorf("want a number, got %s", k)
+	}
+	f, err := strconv.ParseFloat(string(bytes.Trim(raw, whitespaceJSON)), 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return 0, errNotANumber
+	}
+	return f, nil
+}
+
+func absent(raw json.RawMessage) bool {
+	k := jsonKind(raw)
+	return k == "nothing" || k == "null"
+}
+
+// jsonKind names the kind of a valid JSON value from its first byte.
+func jsonKind(raw []byte) string {
+	raw = bytes.TrimLeft(raw, whitespaceJSON)
+	if len(raw) == 0 {
+		return "nothing"
+	}
+	switch raw[0] {
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	case '"':
+		return "string"
+	case 't', 'f':
+		return "boolean"
+	case 'n':
+		return "null"
+	}
+	return "number"
+}
+
+// summed are the counts NewReport sums over ranks.
+var summed = []struct {
+	name string
+	get  func(*loadpolicy.Rank) int64
+}{
+	{"running requests", func(r *loadpolicy.Rank) int64 { return r.Running }},
+	{"waiting requests", func(r *loadpolicy.Rank) int64 { return r.Waiting }},
+	{"uncached waiting tokens", func(r *loadpolicy.Rank) int64 { return r.WaitingUncachedTokens }},
+	{"used tokens", func(r *loadpolicy.Rank) int64 { return r.UsedTokens }},
+	{"token capacity", func(r *loadpolicy.Rank) int64 { return r.MaxTotalTokens }},
+	{"running request caps", func(r *loadpolicy.Rank) int64 { return r.MaxRunning }},
+}
+
+// checkTotals rejects ranks whose counts cannot be summed in int64: a wrapped total would read as a
+// small or negative load. Negative counts are skipped, as NewReport drops them.
+func checkTotals(ranks []loadpolicy.Rank, field string) error {
+	for _, c := range summed {
+		var sum int64
+		for i := range ranks {
+			v := c.get(&ranks[i])
+			if v <= 0 {
+				continue
+			}
+			if sum > math.MaxInt64-v {
+				return &DecodeError{Field: field, Err: fmt.Errorf("%s over %d ranks sum beyond int64", c.name, len(ranks))}
+			}
+			sum += v
+		}
+	}
+	return nil
+}
