@@ -1,0 +1,217 @@
+// Command sglang-sim runs N simulated SGLang workers on consecutive local ports, for demos, end-to-end
+// tests and benchmarks of the caddy-sglang load balancer.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/caddy-sglang/caddy-sglang/sglangsim"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "sglang-sim:", err)
+		os.Exit(2)
+	}
+}
+
+type options struct {
+	count, basePort, grpcBasePort int
+	capacities                    []int64
+	decodeSpeed, prefillSpeed     float64
+	maxRunning, dpRanks           int
+	legacyShape                   bool
+	apiKey, listen, version       string
+	allowRemote                   bool
+	statsEvery, shutdownTimeout   time.Duration
+}
+
+func parseFlags(args []string, output io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("sglang-sim", flag.ContinueOnError)
+	fs.SetOutput(output)
+	fs.Usage = func() {
+		fmt.Fprintf(output, "Usage: sglang-sim [flags]\n\nRuns simulated SGLang workers; worker i listens on <listen>:<base-port+i>.\n"+
+			"Flip faults on a running worker with POST /sim/fault?hang_loads=1&garbage=1&not_found=1&down=5s (reset=1 clears).\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	fs.IntVar(&o.count, "count", 3, "number of workers")
+	fs.IntVar(&o.basePort, "base-port", 30000, "HTTP port of worker 0; worker i listens on base-port+i")
+	fs.IntVar(&o.grpcBasePort, "grpc-base-port", 0, "gRPC port of worker 0 (SglangScheduler.GetLoads); 0 disables gRPC")
+	capacity := fs.String("capacity", "65536", "comma list of KV pool sizes (max_total_num_tokens per DP rank) per worker, cycled")
+	fs.Float64Var(&o.decodeSpeed, "decode-speed", 200, "decode speed of a request running alone, tokens/s")
+	fs.Float64Var(&o.prefillSpeed, "prefill-speed", 8000, "prefill speed per DP rank, prompt tokens/s")
+	fs.IntVar(&o.maxRunning, "max-running", 64, "running batch cap per DP rank (max_running_requests)")
+	fs.IntVar(&o.dpRanks, "dp-ranks", 1, "data-parallel ranks per worker")
+	fs.BoolVar(&o.legacyShape, "legacy-shape", false, "answer /v1/loads in the early-2026 shape (dp_rank_count, aggregate, num_total_reqs)")
+	fs.StringVar(&o.apiKey, "api-key", "", "require Authorization: Bearer <key> on load and generate routes")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1", "host to listen on")
+	fs.BoolVar(&o.allowRemote, "allow-remote", false, "allow a -listen host that is not loopback")
+	fs.StringVar(&o.version, "version", "", "SGLang version to report (default \"0.5.0-sim\")")
+	fs.DurationVar(&o.statsEvery, "stats", 0, "log every worker's stats at this interval; 0 disables")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 5*time.Second, "on SIGINT/SIGTERM, how long running requests may finish")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var err error
+	if o.capacities, err = parseCapacities(*capacity); err != nil {
+		return o, err
+	}
+	switch {
+	case o.count < 1:
+		return o, fmt.Errorf("invalid -count %d: want at least 1", o.count)
+	case o.basePort < 1 || o.basePort+o.count-1 > 65535:
+		return o, fmt.Errorf("invalid -base-port %d: ports %d..%d must be within 1..65535", o.basePort, o.basePort, o.basePort+o.count-1)
+	case o.grpcBasePort < 0 || o.grpcBasePort > 0 && o.grpcBasePort+o.count-1 > 65535:
+		return o, fmt.Errorf("invalid -grpc-base-port %d", o.grpcBasePort)
+	case o.grpcBasePort > 0 && overlap(o.basePort, o.grpcBasePort, o.count):
+		return o, fmt.Errorf("-grpc-base-port %d overlaps the HTTP ports %d..%d", o.grpcBasePort, o.basePort, o.basePort+o.count-1)
+	case !(o.decodeSpeed > 0):
+		return o, fmt.Errorf("invalid -decode-speed %v: want > 0", o.decodeSpeed)
+	case !(o.prefillSpeed > 0):
+		return o, fmt.Errorf("invalid -prefill-speed %v: want > 0", o.prefillSpeed)
+	case o.maxRunning < 1:
+		return o, fmt.Errorf("invalid -max-running %d: want at least 1", o.maxRunning)
+	case o.dpRanks < 1:
+		return o, fmt.Errorf("invalid -dp-ranks %d: want at least 1", o.dpRanks)
+	case o.statsEvery < 0:
+		return o, fmt.Errorf("invalid -stats %v: want >= 0", o.statsEvery)
+	}
+	if !o.allowRemote && !isLoopback(o.listen) {
+		return o, fmt.Errorf("-listen %q is not a loopback address: the simulator has no real auth, pass -allow-remote to expose it", o.listen)
+	}
+	return o, nil
+}
+
+func parseCapacities(s string) ([]int64, error) {
+	var out []int64
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("invalid -capacity %q: want a comma list of positive token counts", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func overlap(a, b, n int) bool { return a < b+n && b < a+n }
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// run starts the workers and serves until ctx ends. ready, when set, receives the servers once all
+// listen (for tests).
+func run(ctx context.Context, args []string, output io.Writer, ready chan<- []*server) error {
+	o, err := parseFlags(args, output)
+	if err != nil {
+		return err
+	}
+	logger := log.New(output, "sglang-sim: ", log.LstdFlags)
+	servers := make([]*server, o.count)
+	for i := range servers {
+		w := sglangsim.New(sglangsim.Config{
+			Name:                fmt.Sprintf("sim-%d", i),
+			MaxTotalTokens:      o.capacities[i%len(o.capacities)],
+			DecodeTokensPerSec:  o.decodeSpeed,
+			PrefillTokensPerSec: o.prefillSpeed,
+			MaxRunningRequests:  o.maxRunning,
+			DPRanks:             o.dpRanks,
+			LegacyShape:         o.legacyShape,
+			APIKey:              o.apiKey,
+			Version:             o.version,
+		})
+		s := &server{w: w, log: logger, httpAddr: net.JoinHostPort(o.listen, strconv.Itoa(o.basePort+i))}
+		if o.grpcBasePort > 0 {
+			s.grpcAddr = net.JoinHostPort(o.listen, strconv.Itoa(o.grpcBasePort+i))
+		}
+		servers[i] = s
+	}
+	for i, s := range servers {
+		if err := s.start(); err != nil {
+			shutdownAll(servers[:i], 0)
+			return err
+		}
+		w := s.w.Config()
+		grpcInfo := ""
+		if s.grpcAddr != "" {
+			grpcInfo = " grpc " + s.grpcAddr
+		}
+		logger.Printf("worker %s listening on http://%s%s capacity=%d dp_ranks=%d max_running=%d decode=%g tok/s legacy_shape=%t",
+			w.Name, s.httpAddr, grpcInfo, w.MaxTotalTokens, w.DPRanks, w.MaxRunningRequests, w.DecodeTokensPerSec, w.LegacyShape)
+		s.w.Faults().OnDown(func(d time.Duration) { go s.bounce(d) })
+	}
+	if ready != nil {
+		ready <- servers
+	}
+
+	var tick <-chan time.Time
+	if o.statsEvery > 0 {
+		t := time.NewTicker(o.statsEvery)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-tick:
+			logStats(logger, servers)
+		case <-ctx.Done():
+			logger.Printf("shutting down")
+			shutdownAll(servers, o.shutdownTimeout)
+			logStats(logger, servers)
+			return nil
+		}
+	}
+}
+
+func logStats(logger *log.Logger, servers []*server) {
+	for _, s := range servers {
+		st := s.w.Stats()
+		var running, waiting int
+		var used int64
+		for _, l := range st.Loads {
+			running += l.Running
+			waiting += l.Waiting
+			used += l.UsedTokens
+		}
+		logger.Printf("worker %s served=%d failed=%d running=%d waiting=%d used_tokens=%d peak_token_usage=%.4f",
+			st.Name, st.Served, st.Failed, running, waiting, used, st.PeakTokenUsage)
+	}
+}
+
+// shutdownAll stops the workers in parallel: listeners close at once, running requests get up to
+// timeout to finish, then the rest are failed and their connections closed.
+func shutdownAll(servers []*server, timeout time.Duration) {
+	var wg sync.WaitGroup
+	for _, s := range servers {
+		wg.Go(func() { s.shutdown(timeout) })
+	}
+	wg.Wait()
+}
