@@ -1,0 +1,220 @@
+package caddymodule
+
+import (
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+)
+
+func init() {
+	httpcaddyfile.RegisterGlobalOption("sglang_load", parseGlobalOption)
+}
+
+// parseGlobalOption sets up the sglang_load app from the global option block. Syntax:
+//
+//	sglang_load {
+//		interval             <duration>
+//		timeout              <duration>
+//		stale_after          <duration>
+//		max_concurrent_polls <n>
+//	}
+func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
+	app := new(App)
+	if err := app.UnmarshalCaddyfile(d); err != nil {
+		return nil, err
+	}
+	return httpcaddyfile.App{Name: "sglang_load", Value: caddyconfig.JSON(app, nil)}, nil
+}
+
+// UnmarshalCaddyfile sets up the app from Caddyfile tokens; see parseGlobalOption for the syntax.
+func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume option name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		switch name := d.Val(); name {
+		case "interval", "timeout", "stale_after":
+			dur, err := parsePositiveDuration(d)
+			if err != nil {
+				return err
+			}
+			switch name {
+			case "interval":
+				a.Interval = &dur
+			case "timeout":
+				a.Timeout = &dur
+			default:
+				a.StaleAfter = &dur
+			}
+		case "max_concurrent_polls":
+			n, err := parseInt(d, 1, 1<<20)
+			if err != nil {
+				return err
+			}
+			a.MaxConcurrentPolls = n
+		default:
+			return d.Errf("unrecognized subdirective %s", name)
+		}
+	}
+	return nil
+}
+
+// UnmarshalCaddyfile sets up the policy from Caddyfile tokens. Syntax:
+//
+//	lb_policy sglang_load {
+//		load_transport http|grpc
+//		load_port      <port>
+//		load_tls       [on|off]
+//		load_tls_insecure_skip_verify
+//		api_key        <token>
+//		interval       <duration>
+//		metric         auto|queued_tokens|token_usage|used_tokens|waiting|running
+//		choose         power_of_two|least
+//		fallback       <policy> [<options...>]
+//	}
+func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume policy name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		switch name := d.Val(); name {
+		case "load_transport":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			if v != transportHTTP && v != transportGRPC {
+				return d.Errf("load_transport: unknown transport %q: want http or grpc", v)
+			}
+			p.LoadTransport = v
+		case "load_port":
+			n, err := parseInt(d, 1, 65535)
+			if err != nil {
+				return err
+			}
+			p.LoadPort = n
+		case "load_tls":
+			on := true
+			if d.NextArg() {
+				switch d.Val() {
+				case "on", "true":
+				case "off", "false":
+					on = false
+				default:
+					return d.Errf("load_tls: want on or off, got %q", d.Val())
+				}
+			}
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			p.LoadTLS = &on
+		case "load_tls_insecure_skip_verify":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			p.LoadTLSInsecureSkipVerify = true
+		case "api_key":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			p.APIKey = v
+		case "interval":
+			dur, err := parsePositiveDuration(d)
+			if err != nil {
+				return err
+			}
+			p.Interval = dur
+		case "metric":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			p.Metric = v
+		case "choose":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			p.Choose = v
+		case "fallback":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			if p.FallbackRaw != nil {
+				return d.Err("fallback selection policy already specified")
+			}
+			name := d.Val()
+			modID := "http.reverse_proxy.selection_policies." + name
+			unm, err := caddyfile.UnmarshalModule(d, modID)
+			if err != nil {
+				return err
+			}
+			sel, ok := unm.(reverseproxy.Selector)
+			if !ok {
+				return d.Errf("fallback: module %s (%T) is not a selection policy", modID, unm)
+			}
+			p.FallbackRaw = caddyconfig.JSONModuleObject(sel, "policy", name, nil)
+		default:
+			return d.Errf("unrecognized subdirective %s", name)
+		}
+	}
+	// Reject bad metric and choose values at adapt time too, with the directive's position.
+	if err := p.parseOptions(); err != nil {
+		return d.Err(err.Error())
+	}
+	return nil
+}
+
+func oneArg(d *caddyfile.Dispenser) (string, error) {
+	name := d.Val()
+	if !d.NextArg() {
+		return "", d.Errf("%s: missing value", name)
+	}
+	v := d.Val()
+	if d.NextArg() {
+		return "", d.Errf("%s: too many values", name)
+	}
+	return v, nil
+}
+
+func parsePositiveDuration(d *caddyfile.Dispenser) (caddy.Duration, error) {
+	name := d.Val()
+	v, err := oneArg(d)
+	if err != nil {
+		return 0, err
+	}
+	dur, err := caddy.ParseDuration(v)
+	if err != nil {
+		return 0, d.Errf("%s: invalid duration %q: %v", name, v, err)
+	}
+	if dur <= 0 {
+		return 0, d.Errf("%s: must be > 0, got %q", name, v)
+	}
+	return caddy.Duration(dur), nil
+}
+
+func parseInt(d *caddyfile.Dispenser, lo, hi int) (int, error) {
+	name := d.Val()
+	v, err := oneArg(d)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		return 0, d.Errf("%s: want an integer from %d to %d, got %q", name, lo, hi, v)
+	}
+	return n, nil
+}
+
+// Interface guards.
+var (
+	_ caddyfile.Unmarshaler = (*App)(nil)
+	_ caddyfile.Unmarshaler = (*Policy)(nil)
+)

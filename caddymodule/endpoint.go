@@ -1,0 +1,197 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+
+	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
+	"github.com/caddy-sglang/caddy-sglang/monitor"
+)
+
+// states keeps each load endpoint's last snapshot across config reloads: the new config's policy reads
+// the old config's last loads until its own first poll answers.
+var states = caddy.NewUsagePool()
+
+type sharedState struct{ monitor.State }
+
+func (*sharedState) Destruct() error { return nil }
+
+// Load transports.
+const (
+	transportHTTP = "http"
+	transportGRPC = "grpc"
+)
+
+// endpointSpec says how to poll one worker's load.
+type endpointSpec struct {
+	transport          string // transportHTTP or transportGRPC
+	address            string // host:port of the load endpoint
+	tls                bool
+	insecureSkipVerify bool
+	apiKey             string
+	interval           time.Duration
+}
+
+// key identifies an endpoint in the app and in states; it never holds the API key.
+func (s endpointSpec) key() string {
+	scheme := s.transport
+	if s.tls {
+		scheme += "s"
+	}
+	return scheme + "://" + s.address
+}
+
+// endpoint is one polled load endpoint as the policies of one config see it.
+type endpoint struct {
+	key       string
+	spec      endpointSpec
+	state     *sharedState
+	refs      int
+	interval  atomic.Int64 // nanoseconds
+	staleness atomic.Int64 // nanoseconds after which a report is ignored
+
+	// host is the proxy's shared per-address state of the upstream this endpoint measures, from which
+	// in-flight counts are read. Set by Select, read when a poll answers.
+	host atomic.Pointer[reverseproxy.Host]
+}
+
+// fresh returns the endpoint's report if it is usable at now, or nil if missing, empty or stale.
+func (ep *endpoint) fresh(now time.Time) *loadpolicy.Report {
+	rep := ep.state.Load().Fresh(now, time.Duration(ep.staleness.Load()))
+	if rep.Empty() {
+		return nil
+	}
+	return rep
+}
+
+// noteHost remembers the upstream's host so polls can record the proxy's in-flight count.
+func (ep *endpoint) noteHost(h *reverseproxy.Host) {
+	if h != nil && ep.host.Load() != h {
+		ep.host.Store(h)
+	}
+}
+
+// stampingFetcher records, with each report, how many requests the proxy had in flight to the
+// worker when the worker measured its load; Select counts only the requests started since.
+type stampingFetcher struct {
+	monitor.Fetcher
+	ep *endpoint
+}
+
+func (f stampingFetcher) Fetch(ctx context.Context) (*loadpolicy.Report, error) {
+	var before int64
+	if h := f.ep.host.Load(); h != nil {
+		before = int64(h.NumRequests())
+	}
+	rep, err := f.Fetcher.Fetch(ctx)
+	if rep != nil {
+		// The worker measured somewhere between the two readings; the smaller one does not undercount
+		// requests it could not have seen yet.
+		rep.Inflight = before
+		if h := f.ep.host.Load(); h != nil {
+			rep.Inflight = min(before, int64(h.NumRequests()))
+		}
+	}
+	return rep, err
+}
+
+func (f stampingFetcher) Close() error {
+	if c, ok := f.Fetcher.(interface{ Close() error }); ok {
+		return c.Close()
+	}
+	return nil
+}
+
+// register adds a reference to the endpoint spec describes, creating and scheduling it on first use.
+func (a *App) register(spec endpointSpec) (*endpoint, error) {
+	if spec.interval <= 0 {
+		spec.interval = a.interval
+	}
+	key := spec.key()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if ep, ok := a.endpoints[key]; ok {
+		ep.refs++
+		if int64(spec.interval) < ep.interval.Load() {
+			ep.setInterval(a, spec.interval)
+			a.monitor.SetInterval(key, spec.interval)
+		}
+		return ep, nil
+	}
+	fetcher, err := newFetcher(spec)
+	if err != nil {
+		return nil, err
+	}
+	val, _, err := states.LoadOrNew(key, func() (caddy.Destructor, error) { return new(sharedState), nil })
+	if err != nil {
+		return nil, err
+	}
+	ep := &endpoint{key: key, spec: spec, state: val.(*sharedState), refs: 1}
+	ep.setInterval(a, spec.interval)
+	err = a.monitor.Add(monitor.Target{
+		Key:      key,
+		Fetcher:  stampingFetcher{Fetcher: fetcher, ep: ep},
+		Interval: spec.interval,
+		Timeout:  a.timeoutFor(spec.interval),
+		State:    &ep.state.State,
+	})
+	if err != nil {
+		_, _ = states.Delete(key)
+		return nil, err
+	}
+	a.endpoints[key] = ep
+	a.logger.Debug("monitoring worker load", zap.String("endpoint", key), zap.Duration("interval", spec.interval))
+	return ep, nil
+}
+
+func (ep *endpoint) setInterval(a *App, d time.Duration) {
+	ep.interval.Store(int64(d))
+	ep.staleness.Store(int64(a.staleAfterFor(d)))
+}
+
+// unregister drops a reference; the last one stops polling the endpoint.
+func (a *App) unregister(ep *endpoint) {
+	a.mu.Lock()
+	cur, ok := a.endpoints[ep.key]
+	if !ok || cur != ep {
+		a.mu.Unlock()
+		return
+	}
+	ep.refs--
+	last := ep.refs == 0
+	if last {
+		delete(a.endpoints, ep.key)
+	}
+	a.mu.Unlock()
+	if last {
+		a.monitor.Remove(ep.key)
+		_, _ = states.Delete(ep.key)
+	}
+}
+
+// loadAddress is the host:port to poll for an upstream dialled at dial, or an error when the dial
+// address cannot name one worker (a unix socket, a port range, a placeholder).
+func loadAddress(dial string, loadPort int) (string, error) {
+	addr, err := caddy.ParseNetworkAddress(dial)
+	if err != nil {
+		return "", fmt.Errorf("upstream %q: %w", dial, err)
+	}
+	if addr.IsUnixNetwork() || addr.IsFdNetwork() {
+		return "", fmt.Errorf("upstream %q: a socket upstream has no host to poll", dial)
+	}
+	if addr.PortRangeSize() != 1 {
+		return "", fmt.Errorf("upstream %q: a port range is not one worker", dial)
+	}
+	port := addr.StartPort
+	if loadPort > 0 {
+		port = uint(loadPort)
+	}
+	return net.JoinHostPort(addr.Host, fmt.Sprint(port)), nil
+}

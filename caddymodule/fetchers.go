@@ -1,0 +1,31 @@
+package caddymodule
+
+import (
+	"crypto/tls"
+	"net/http"
+
+	"github.com/caddy-sglang/caddy-sglang/grpcload"
+	"github.com/caddy-sglang/caddy-sglang/httpload"
+	"github.com/caddy-sglang/caddy-sglang/monitor"
+)
+
+// newFetcher builds the fetcher that polls the endpoint spec describes.
+func newFetcher(spec endpointSpec) (monitor.Fetcher, error) {
+	var tlsConfig *tls.Config
+	if spec.tls {
+		// Verification stays on unless the config opts out explicitly.
+		tlsConfig = &tls.Config{InsecureSkipVerify: spec.insecureSkipVerify} //nolint:gosec
+	}
+	switch spec.transport {
+	case transportGRPC:
+		return grpcload.New(grpcload.Config{Target: spec.address, TLS: tlsConfig, APIKey: spec.apiKey})
+	default:
+		scheme := "http://"
+		var client *http.Client
+		if spec.tls {
+			scheme = "https://"
+			client = &http.Client{Transport: &http.Transport{TLSClientConfig: tlsConfig, MaxIdleConnsPerHost: 2}}
+		}
+		return httpload.New(httpload.Config{URL: scheme + spec.address, APIKey: spec.apiKey, Client: client})
+	}
+}

@@ -1,0 +1,263 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+
+	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
+)
+
+func init() {
+	caddy.RegisterModule(new(Policy))
+}
+
+// Policy is the sglang_load selection policy: it sends each request to the upstream with the most
+// room according to the loads the sglang_load app polls from the SGLang workers, corrected by the
+// proxy's own requests started since each report. With no fresh loads it falls back to another
+// selection policy.
+type Policy struct {
+	// How to poll each upstream's load: `http` (GET /v1/loads?include=core) or `grpc`
+	// (SglangScheduler.GetLoads). Default: http.
+	LoadTransport string `json:"load_transport,omitempty"`
+
+	// The port to poll loads on, when it differs from the proxied port. Default: the upstream's port.
+	LoadPort int `json:"load_port,omitempty"`
+
+	// Poll loads over TLS. Default: the reverse proxy's transport setting (TLS to the upstreams
+	// means TLS to the load endpoint).
+	LoadTLS *bool `json:"load_tls,omitempty"`
+
+	// Skip verification of the load endpoint's TLS certificate. Default: false (verify).
+	LoadTLSInsecureSkipVerify bool `json:"load_tls_insecure_skip_verify,omitempty"`
+
+	// A bearer token sent with each load poll, for workers started with --api-key. Placeholders such
+	// as {env.SGLANG_API_KEY} are replaced once at provisioning. Never logged or shown.
+	APIKey string `json:"api_key,omitempty"`
+
+	// How often to poll this group's upstreams. Default: the app's interval.
+	Interval caddy.Duration `json:"interval,omitempty"`
+
+	// Which signal to compare: auto (the most precise signal both upstreams report), queued_tokens,
+	// token_usage, used_tokens, waiting or running. Default: auto.
+	Metric string `json:"metric,omitempty"`
+
+	// How to pick: power_of_two (compare two random upstreams, take the less loaded) or least (the
+	// least loaded of all). Default: power_of_two.
+	Choose string `json:"choose,omitempty"`
+
+	// The selection policy used when no available upstream has fresh loads. Default: least_conn.
+	FallbackRaw json.RawMessage `json:"fallback,omitempty" caddy:"namespace=http.reverse_proxy.selection_policies inline_key=policy"`
+
+	fallback reverseproxy.Selector
+	metric   loadpolicy.Metric
+	choice   loadpolicy.Choice
+	spec     endpointSpec // template for this group's endpoints; address set per upstream
+	app      *App
+	logger   *zap.Logger
+
+	mu        sync.Mutex                           // serialises registration
+	endpoints atomic.Pointer[map[string]*endpoint] // by upstream dial address; copy on write
+	skipped   sync.Map                             // dial addresses that cannot be polled, logged once
+}
+
+// CaddyModule returns the Caddy module information.
+func (*Policy) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.reverse_proxy.selection_policies.sglang_load",
+		New: func() caddy.Module { return new(Policy) },
+	}
+}
+
+// Provision checks the options, loads the fallback policy and registers the parent reverse proxy's
+// static upstreams with the sglang_load app.
+func (p *Policy) Provision(ctx caddy.Context) error {
+	p.logger = ctx.Logger()
+	if err := p.parseOptions(); err != nil {
+		return err
+	}
+	if p.FallbackRaw == nil {
+		p.FallbackRaw = caddyconfig.JSONModuleObject(reverseproxy.LeastConnSelection{}, "policy", "least_conn", nil)
+	}
+	mod, err := ctx.LoadModule(p, "FallbackRaw")
+	if err != nil {
+		return fmt.Errorf("loading fallback selection policy: %w", err)
+	}
+	p.fallback = mod.(reverseproxy.Selector)
+
+	appIface, err := ctx.App("sglang_load")
+	if err != nil {
+		return fmt.Errorf("getting sglang_load app: %w", err)
+	}
+	p.app = appIface.(*App)
+	p.endpoints.Store(&map[string]*endpoint{})
+
+	handler := parentHandler(ctx)
+	if handler == nil {
+		return nil
+	}
+	if p.LoadTLS == nil {
+		if t, ok := handler.Transport.(*reverseproxy.HTTPTransport); ok && t.TLSEnabled() {
+			p.spec.tls = true
+		}
+	}
+	for _, u := range handler.Upstreams {
+		if strings.Contains(u.Dial, "{") {
+			continue // a placeholder: registered per address on first sight in Select
+		}
+		if _, err := p.register(u.Dial); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// parseOptions validates the options and fills the parsed fields, with an error naming the option
+// and its value.
+func (p *Policy) parseOptions() error {
+	p.spec = endpointSpec{
+		transport:          p.LoadTransport,
+		apiKey:             caddy.NewReplacer().ReplaceKnown(p.APIKey, ""),
+		interval:           time.Duration(p.Interval),
+		insecureSkipVerify: p.LoadTLSInsecureSkipVerify,
+	}
+	switch p.LoadTransport {
+	case "":
+		p.spec.transport = transportHTTP
+	case transportHTTP, transportGRPC:
+	default:
+		return fmt.Errorf("load_transport: unknown transport %q: want http or grpc", p.LoadTransport)
+	}
+	if p.LoadPort < 0 || p.LoadPort > 65535 {
+		return fmt.Errorf("load_port: %d is not a port number", p.LoadPort)
+	}
+	if p.Interval < 0 {
+		return fmt.Errorf("interval: must be > 0, got %s", time.Duration(p.Interval))
+	}
+	if p.LoadTLS != nil {
+		p.spec.tls = *p.LoadTLS
+	}
+	var err error
+	if p.metric, err = loadpolicy.ParseMetric(p.Metric); err != nil {
+		return fmt.Errorf("metric: %w", err)
+	}
+	if p.choice, err = loadpolicy.ParseChoice(p.Choose); err != nil {
+		return fmt.Errorf("choose: %w", err)
+	}
+	return nil
+}
+
+// parentHandler is the reverse proxy handler being provisioned around this policy, if any.
+func parentHandler(ctx caddy.Context) *reverseproxy.Handler {
+	mods := ctx.Modules()
+	for i := len(mods) - 1; i >= 0; i-- {
+		if h, ok := mods[i].(*reverseproxy.Handler); ok {
+			return h
+		}
+	}
+	return nil
+}
+
+// register starts monitoring the upstream dialled at dial, once per policy.
+func (p *Policy) register(dial string) (*endpoint, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur := *p.endpoints.Load()
+	if ep, ok := cur[dial]; ok {
+		return ep, nil
+	}
+	spec := p.spec
+	addr, err := loadAddress(dial, p.LoadPort)
+	if err != nil {
+		return nil, err
+	}
+	spec.address = addr
+	ep, err := p.app.register(spec)
+	if err != nil {
+		return nil, err
+	}
+	next := maps.Clone(cur)
+	next[dial] = ep
+	p.endpoints.Store(&next)
+	return ep, nil
+}
+
+// Select picks an available upstream by load; see Policy.
+func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	eps := *p.endpoints.Load()
+	now := time.Now()
+	idx, byLoad := loadpolicy.Choose(p.choice, p.metric, len(pool), func(i int) (loadpolicy.Candidate, bool) {
+		u := pool[i]
+		if !u.Available() {
+			return loadpolicy.Candidate{}, false
+		}
+		c := loadpolicy.Candidate{Inflight: int64(u.NumRequests())}
+		ep := eps[u.Dial]
+		if ep == nil {
+			ep = p.registerLate(u.Dial)
+			if ep == nil {
+				return c, true
+			}
+		}
+		ep.noteHost(u.Host)
+		if rep := ep.fresh(now); rep != nil {
+			c.Signals = rep.Signals()
+			c.Extra = max(0, c.Inflight-rep.Inflight)
+		}
+		return c, true
+	}, rand.IntN)
+	if byLoad {
+		return pool[idx]
+	}
+	return p.fallback.Select(pool, r, w)
+}
+
+// registerLate registers an upstream first seen in Select (a dynamic upstream); it logs once and
+// returns nil for one that cannot be polled.
+func (p *Policy) registerLate(dial string) *endpoint {
+	if _, bad := p.skipped.Load(dial); bad {
+		return nil
+	}
+	ep, err := p.register(dial)
+	if err != nil {
+		p.skipped.Store(dial, struct{}{})
+		p.logger.Warn("not monitoring upstream load", zap.String("upstream", dial), zap.Error(err))
+		return nil
+	}
+	return ep
+}
+
+// Cleanup stops monitoring this policy's upstreams.
+func (p *Policy) Cleanup() error {
+	if p.app == nil {
+		return nil
+	}
+	p.mu.Lock()
+	eps := p.endpoints.Load()
+	p.endpoints.Store(&map[string]*endpoint{})
+	p.mu.Unlock()
+	if eps != nil {
+		for _, ep := range *eps {
+			p.app.unregister(ep)
+		}
+	}
+	return nil
+}
+
+// Interface guards.
+var (
+	_ reverseproxy.Selector = (*Policy)(nil)
+	_ caddy.Provisioner     = (*Policy)(nil)
+	_ caddy.CleanerUpper    = (*Policy)(nil)
+)
