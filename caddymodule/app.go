@@ -131,13 +131,15 @@ func (a *App) Stop() error {
 
 // Cleanup releases what Provision and the policies' registrations hold.
 func (a *App) Cleanup() error {
+	if a.monitor == nil {
+		return nil // Provision failed before there was anything to release
+	}
 	a.monitor.Close()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for key, ep := range a.endpoints {
+	for key := range a.endpoints {
 		_, _ = states.Delete(key)
 		delete(a.endpoints, key)
-		_ = ep
 	}
 	return nil
 }

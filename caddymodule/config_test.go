@@ -1,0 +1,172 @@
+package caddymodule_test
+
+import (
+	"encoding/json"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/caddy-sglang/caddy-sglang/caddymodule"
+)
+
+func TestCaddyfileAdaptsToGoldenJSON(t *testing.T) {
+	caddyfile, err := os.ReadFile("testdata/full.caddyfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden, err := os.ReadFile("testdata/full.golden.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caddytest.AssertAdapt(t, string(caddyfile), "caddyfile", strings.TrimSuffix(string(golden), "\n"))
+}
+
+// The JSON a user writes by hand, with readable durations, configures exactly what the Caddyfile does.
+func TestHandWrittenJSONEqualsCaddyfile(t *testing.T) {
+	golden, err := os.ReadFile("testdata/full.golden.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var adapted struct {
+		Apps struct {
+			SGLang json.RawMessage `json:"sglang_load"`
+			HTTP   struct {
+				Servers map[string]struct {
+					Routes []struct {
+						Handle []struct {
+							LoadBalancing struct {
+								Policy json.RawMessage `json:"selection_policy"`
+							} `json:"load_balancing"`
+						} `json:"handle"`
+					} `json:"routes"`
+				} `json:"servers"`
+			} `json:"http"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal(golden, &adapted); err != nil {
+		t.Fatal(err)
+	}
+	decode := func(raw string, v any) {
+		t.Helper()
+		dec := json.NewDecoder(strings.NewReader(raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(v); err != nil {
+			t.Fatalf("decode %s: %v", raw, err)
+		}
+	}
+	var fromCaddyfile, fromJSON caddymodule.App
+	decode(string(adapted.Apps.SGLang), &fromCaddyfile)
+	decode(`{"interval": "5s", "timeout": "1s", "stale_after": "20s", "max_concurrent_polls": 16}`, &fromJSON)
+	if !reflect.DeepEqual(fromCaddyfile, fromJSON) {
+		t.Errorf("app: Caddyfile gives %+v, JSON %+v", fromCaddyfile, fromJSON)
+	}
+
+	policyRaw := adapted.Apps.HTTP.Servers["srv0"].Routes[0].Handle[0].LoadBalancing.Policy
+	var pc, pj map[string]any
+	decode(string(policyRaw), &pc)
+	decode(`{"policy": "sglang_load", "load_transport": "grpc", "load_port": 30010, "load_tls": true,
+		"load_tls_insecure_skip_verify": true, "api_key": "secret-token", "interval": 2000000000,
+		"metric": "token_usage", "choose": "least", "fallback": {"policy": "random_choose", "choose": 3}}`, &pj)
+	if !reflect.DeepEqual(pc, pj) {
+		t.Errorf("policy: Caddyfile gives %v, JSON %v", pc, pj)
+	}
+}
+
+func TestInvalidCaddyfileValues(t *testing.T) {
+	tests := []struct {
+		global, policy string
+		want           string
+	}{
+		{global: "interval 0s", want: `interval: must be > 0, got "0s"`},
+		{global: "interval -5s", want: `interval: must be > 0, got "-5s"`},
+		{global: "interval soon", want: `interval: invalid duration "soon"`},
+		{global: "timeout 0", want: `timeout: must be > 0, got "0"`},
+		{global: "stale_after -1m", want: `stale_after: must be > 0, got "-1m"`},
+		{global: "stale_after", want: "stale_after: missing value"},
+		{global: "interval 1s 2s", want: "interval: too many values"},
+		{global: "max_concurrent_polls 0", want: `max_concurrent_polls: want an integer from 1 to 1048576, got "0"`},
+		{global: "jitter 1", want: "unrecognized subdirective jitter"},
+		{policy: "load_transport udp", want: `load_transport: unknown transport "udp"`},
+		{policy: "load_port 70000", want: `load_port: want an integer from 1 to 65535, got "70000"`},
+		{policy: "load_port http", want: `load_port: want an integer from 1 to 65535, got "http"`},
+		{policy: "interval 0s", want: `interval: must be > 0, got "0s"`},
+		{policy: "metric tokens", want: `metric: unknown metric "tokens"`},
+		{policy: "choose p2c", want: `choose: unknown choice "p2c"`},
+		{policy: "load_tls maybe", want: `load_tls: want on or off, got "maybe"`},
+		{policy: "fallback nosuchpolicy", want: "nosuchpolicy"},
+		{policy: "bogus 1", want: "unrecognized subdirective bogus"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			cfg := ":8080 {\n\treverse_proxy 127.0.0.1:30000 {\n\t\tlb_policy sglang_load {\n\t\t\t" + tt.policy + "\n\t\t}\n\t}\n}\n"
+			if tt.global != "" {
+				cfg = "{\n\tsglang_load {\n\t\t" + tt.global + "\n\t}\n}\n" + cfg
+			}
+			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("adapt error = %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestInvalidJSONValues(t *testing.T) {
+	tests := []struct {
+		app, policy string
+		want        string
+	}{
+		{app: `"interval": 0`, want: "interval: must be > 0, got 0s"},
+		{app: `"timeout": "-1s"`, want: "timeout: must be > 0, got -1s"},
+		{app: `"stale_after": 0`, want: "stale_after: must be > 0, got 0s"},
+		{app: `"max_concurrent_polls": -1`, want: "max_concurrent_polls: must be >= 0, got -1"},
+		{policy: `"load_transport": "udp"`, want: `load_transport: unknown transport "udp"`},
+		{policy: `"load_port": 70000`, want: "load_port: 70000 is not a port number"},
+		{policy: `"interval": "-2s"`, want: "interval: must be > 0, got -2s"},
+		{policy: `"metric": "tokens"`, want: `metric: unknown metric "tokens"`},
+		{policy: `"choose": "p2c"`, want: `choose: unknown choice "p2c"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			policy := `"policy": "sglang_load"`
+			if tt.policy != "" {
+				policy += ", " + tt.policy
+			}
+			raw := `{"apps": {` +
+				`"sglang_load": {` + tt.app + `},` +
+				`"http": {"servers": {"s": {"listen": [":0"], "routes": [{"handle": [{"handler": "reverse_proxy",` +
+				`"load_balancing": {"selection_policy": {` + policy + `}}, "upstreams": [{"dial": "127.0.0.1:30000"}]}]}]}}}}}`
+			var cfg caddy.Config
+			if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+				t.Fatal(err)
+			}
+			err := caddy.Validate(&cfg)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("validate error = %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestExampleCaddyfileValidates(t *testing.T) {
+	raw, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	adapted, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(raw, nil)
+	if err != nil {
+		t.Fatalf("adapt Caddyfile.example: %v", err)
+	}
+	var cfg caddy.Config
+	if err := json.Unmarshal(adapted, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Admin = &caddy.AdminConfig{Disabled: true}
+	if err := caddy.Validate(&cfg); err != nil {
+		t.Fatalf("validate Caddyfile.example: %v", err)
+	}
+}
