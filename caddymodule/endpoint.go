@@ -131,18 +131,21 @@ func (a *App) register(spec endpointSpec) (*endpoint, error) {
 	}
 	val, _, err := states.LoadOrNew(key, func() (caddy.Destructor, error) { return new(sharedState), nil })
 	if err != nil {
+		_ = stampingFetcher{Fetcher: fetcher}.Close() // a gRPC fetcher holds a connection from New on
 		return nil, err
 	}
 	ep := &endpoint{key: key, spec: spec, state: val.(*sharedState), refs: 1}
 	ep.setInterval(a, spec.interval)
+	stamped := stampingFetcher{Fetcher: fetcher, ep: ep}
 	err = a.monitor.Add(monitor.Target{
 		Key:      key,
-		Fetcher:  stampingFetcher{Fetcher: fetcher, ep: ep},
+		Fetcher:  stamped,
 		Interval: spec.interval,
 		Timeout:  a.timeoutFor(spec.interval),
 		State:    &ep.state.State,
 	})
 	if err != nil {
+		_ = stamped.Close()
 		_, _ = states.Delete(key)
 		return nil, err
 	}

@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"crypto/tls"
-	"net/http"
 
 	"github.com/caddy-sglang/caddy-sglang/grpcload"
 	"github.com/caddy-sglang/caddy-sglang/httpload"
@@ -21,11 +20,9 @@ func newFetcher(spec endpointSpec) (monitor.Fetcher, error) {
 		return grpcload.New(grpcload.Config{Target: spec.address, TLS: tlsConfig, APIKey: spec.apiKey})
 	default:
 		scheme := "http://"
-		var client *http.Client
 		if spec.tls {
 			scheme = "https://"
-			client = &http.Client{Transport: &http.Transport{TLSClientConfig: tlsConfig, MaxIdleConnsPerHost: 2}}
 		}
-		return httpload.New(httpload.Config{URL: scheme + spec.address, APIKey: spec.apiKey, Client: client})
+		return httpload.New(httpload.Config{URL: scheme + spec.address, APIKey: spec.apiKey, TLS: tlsConfig})
 	}
 }

@@ -2,6 +2,7 @@ package grpcload
 
 import (
 	"fmt"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -16,7 +17,7 @@ type StatusError struct {
 }
 
 func (e *StatusError) Error() string {
-	s := fmt.Sprintf("grpc GetLoads on %s failed with %s: %s", e.Target, e.Code, explain(e.Code))
+	s := fmt.Sprintf("grpc GetLoads on %s failed with %s: %s", e.Target, e.Code, explain(e.Code, e.Msg))
 	if e.Msg != "" {
 		s += ": " + e.Msg
 	}
@@ -30,9 +31,14 @@ func (e *StatusError) Unwrap() error { return e.cause }
 // GRPCStatus lets status.Code and status.FromError read the code through wrapping.
 func (e *StatusError) GRPCStatus() *status.Status { return status.New(e.Code, e.Msg) }
 
-func explain(c codes.Code) string {
+func explain(c codes.Code, msg string) string {
 	switch c {
 	case codes.Unavailable:
+		// gRPC reports a failed TLS handshake as Unavailable too; it is a configuration problem, not a
+		// worker that is down.
+		if strings.Contains(msg, "authentication handshake failed") {
+			return "the TLS handshake failed (the worker's certificate is not trusted, or it does not serve TLS)"
+		}
 		return "the worker is unreachable (not listening, restarting, or the network is down)"
 	case codes.DeadlineExceeded:
 		return "no answer before the deadline"

@@ -413,6 +413,10 @@ func TestFetchOverTLS(t *testing.T) {
 	if _, err := fetch(t, plain); status.Code(err) != codes.Unavailable {
 		t.Errorf("plaintext Fetch from a TLS worker = %v, want Unavailable", err)
 	}
+
+	untrusted := newFetcher(t, grpcload.Config{Target: srv.Addr, TLS: &tls.Config{MinVersion: tls.VersionTLS12}})
+	rep, err = fetch(t, untrusted)
+	checkStatusError(t, rep, err, codes.Unavailable, srv.Addr, "the TLS handshake failed")
 }
 
 func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {

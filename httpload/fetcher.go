@@ -4,6 +4,7 @@ package httpload
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -35,6 +36,9 @@ type Config struct {
 	APIKey string
 	// Client sends the requests. Default: a client of this Fetcher's own, which never uses a proxy.
 	Client *http.Client
+	// TLS configures the default client's TLS for an https URL; nil means Go's defaults (verify against
+	// the system roots). It cannot be combined with Client, whose transport has its own.
+	TLS *tls.Config
 	// MaxBody caps the response body, in bytes. Default 1 MiB.
 	MaxBody int64
 }
@@ -79,6 +83,9 @@ func New(cfg Config) (*Fetcher, error) {
 	if cfg.MaxBody < 0 {
 		return nil, fmt.Errorf("max body %d: must not be negative", cfg.MaxBody)
 	}
+	if cfg.TLS != nil && cfg.Client != nil {
+		return nil, errors.New("tls config: cannot be combined with a client: set it on the client's transport")
+	}
 	f := &Fetcher{
 		apiKey:  cfg.APIKey,
 		client:  cfg.Client,
@@ -92,7 +99,9 @@ func New(cfg Config) (*Fetcher, error) {
 		f.maxBody = DefaultMaxBody
 	}
 	if f.client == nil {
-		f.client = &http.Client{Transport: newTransport()}
+		t := newTransport()
+		t.TLSClientConfig = cfg.TLS
+		f.client = &http.Client{Transport: t}
 		f.ownClient = true
 	}
 	return f, nil

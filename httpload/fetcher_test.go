@@ -2,6 +2,8 @@ package httpload
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net"
@@ -173,6 +175,34 @@ func TestFetchCustomClient(t *testing.T) {
 	res, _ := fetch(t, f, 5*time.Second)
 	if res.err != nil || !res.rep.Empty() || trips.Load() != 1 {
 		t.Fatalf("report %+v, err %v, round trips %d", res.rep, res.err, trips.Load())
+	}
+}
+
+func TestFetchOverTLS(t *testing.T) {
+	ts := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"loads":[{"dp_rank":0,"num_running_reqs":2,"num_waiting_reqs":0}]}`)
+	}))
+	t.Cleanup(ts.Close)
+	pool := x509.NewCertPool()
+	pool.AddCert(ts.Certificate())
+
+	f := newFetcher(t, Config{URL: ts.URL, TLS: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}})
+	if res, _ := fetch(t, f, 5*time.Second); res.err != nil || res.rep.Running != 2 {
+		t.Fatalf("Fetch with the worker's CA = %+v, %v", res.rep, res.err)
+	}
+	if tr := f.client.Transport.(*http.Transport); tr.MaxConnsPerHost != newTransport().MaxConnsPerHost || tr.Proxy != nil {
+		t.Errorf("a TLS config replaced the default transport's limits: %+v", tr)
+	}
+
+	// Verification is on by default: the self-signed certificate is not in the system roots.
+	res, _ := fetch(t, newFetcher(t, Config{URL: ts.URL}), 5*time.Second)
+	var certErr *tls.CertificateVerificationError
+	if !errors.As(res.err, &certErr) || !strings.Contains(res.err.Error(), ts.URL) {
+		t.Errorf("Fetch of an untrusted certificate = %v, want a certificate verification error naming the URL", res.err)
+	}
+
+	if _, err := New(Config{URL: ts.URL, TLS: &tls.Config{}, Client: http.DefaultClient}); err == nil {
+		t.Error("New accepted both a TLS config and a client")
 	}
 }
 
