@@ -8,6 +8,12 @@ build:
 	$(GO) build -o $(BIN)/caddy ./cmd/caddy
 	$(GO) build -o $(BIN)/sglang-sim ./cmd/sglang-sim
 
+# Three simulated workers behind Caddy with Caddyfile.example, a burst of requests, a report; stops
+# everything on exit or Ctrl-C. More flags: make demo DEMO_FLAGS="-requests 500 -concurrency 64".
+demo: build
+	$(GO) build -o $(BIN)/sglang-demo ./cmd/sglang-demo
+	$(BIN)/sglang-demo -caddy $(BIN)/caddy -sim $(BIN)/sglang-sim -config Caddyfile.example $(DEMO_FLAGS)
+
 # The caddytest tests share one in-process Caddy per test binary (admin on localhost:2999); they all
 # live in ./caddymodule, so packages may run in parallel.
 test:

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Request sizes, in tokens. Long requests are a few thousand tokens of context with a long answer: a
+// handful fill the smallest worker's KV pool, which is what a load-aware router must notice.
+const (
+	shortPromptMin, shortPromptMax = 128, 512
+	shortOutMin, shortOutMax       = 32, 128
+	longPromptMin, longPromptMax   = 2048, 6144
+	longOutMin, longOutMax         = 256, 768
+)
+
+// spec is one request of the burst. The simulator takes the prompt size from prompt_tokens and
+// answers exactly maxTokens tokens of 4 bytes each.
+type spec struct {
+	long, stream      bool
+	prompt, maxTokens int
+}
+
+// result is how one request went.
+type result struct {
+	spec
+	upstream string // the worker that answered, from Caddy's X-Upstream response header
+	latency  time.Duration
+	err      error
+}
+
+// plan draws n requests from seed: round(n × longFrac) long ones and round(n × streamFrac) streamed
+// ones, at random places.
+func plan(n int, longFrac, streamFrac float64, seed uint64) []spec {
+	r := rand.New(rand.NewPCG(seed, seed))
+	between := func(lo, hi int) int { return lo + r.IntN(hi-lo+1) }
+	specs := make([]spec, n)
+	for _, i := range r.Perm(n)[:int(math.Round(float64(n)*longFrac))] {
+		specs[i].long = true
+	}
+	for _, i := range r.Perm(n)[:int(math.Round(float64(n)*streamFrac))] {
+		specs[i].stream = true
+	}
+	for i := range specs {
+		s := &specs[i]
+		if s.long {
+			s.prompt, s.maxTokens = between(longPromptMin, longPromptMax), between(longOutMin, longOutMax)
+		} else {
+			s.prompt, s.maxTokens = between(shortPromptMin, shortPromptMax), between(shortOutMin, shortOutMax)
+		}
+	}
+	return specs
+}
+
+// burst sends specs to url, concurrency at a time, and calls progress after each answer. It stops
+// starting requests when ctx ends.
+func burst(ctx context.Context, client *http.Client, url string, specs []spec, concurrency int, progress func(done, failed int)) []result {
+	results := make([]result, len(specs))
+	next := make(chan int)
+	var done, failed atomic.Int64
+	var wg sync.WaitGroup
+	for range min(concurrency, len(specs)) {
+		wg.Go(func() {
+			for i := range next {
+				res := send(ctx, client, url, specs[i])
+				results[i] = res
+				f := failed.Load()
+				if res.err != nil {
+					f = failed.Add(1)
+				}
+				progress(int(done.Add(1)), int(f))
+			}
+		})
+	}
+feed:
+	for i := range specs {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	return results
+}
+
+type chatResponse struct {
+	Choices []struct {
+		Message struct {
+			Content string `json:"content"`
+		} `json:"message"`
+		Delta struct {
+			Content string `json:"content"`
+		} `json:"delta"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+}
+
+// send makes one chat completion and checks that the whole answer arrived: exactly maxTokens tokens
+// and, for a stream, the closing [DONE].
+func send(ctx context.Context, client *http.Client, url string, s spec) result {
+	res := result{spec: s}
+	content := "Summarise the attached report."
+	if !s.long {
+		content = "Say hello."
+	}
+	body, _ := json.Marshal(map[string]any{
+		"model":         "sglang-sim",
+		"messages":      []map[string]string{{"role": "user", "content": content}},
+		"max_tokens":    s.maxTokens,
+		"prompt_tokens": s.prompt, // the simulator's override of the prompt size
+		"stream":        s.stream,
+	})
+	start := time.Now()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		res.err = err
+		return res
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		res.err = err
+		return res
+	}
+	defer resp.Body.Close()
+	res.upstream = resp.Header.Get("X-Upstream")
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		res.err = fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg))
+		return res
+	}
+	var text int
+	if s.stream {
+		text, res.err = readStream(resp.Body)
+	} else {
+		var c chatResponse
+		if res.err = json.NewDecoder(resp.Body).Decode(&c); res.err == nil && len(c.Choices) == 1 {
+			text = len(c.Choices[0].Message.Content)
+		}
+	}
+	res.latency = time.Since(start)
+	if res.err == nil && text != 4*s.maxTokens {
+		res.err = fmt.Errorf("answer of %d bytes, want %d tokens of 4 bytes", text, s.maxTokens)
+	}
+	return res
+}
+
+// readStream reads Server-Sent Events until [DONE] and returns the length of the streamed content.
+func readStream(r io.Reader) (int, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	n := 0
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			return n, nil
+		}
+		var c chatResponse
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			return n, fmt.Errorf("invalid stream chunk %q: %w", data, err)
+		}
+		for _, ch := range c.Choices {
+			n += len(ch.Delta.Content)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return n, err
+	}
+	return n, errors.New("stream ended without [DONE]")
+}
