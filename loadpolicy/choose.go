@@ -127,8 +127,43 @@ func least(metric Metric, n int, at func(int) (Candidate, bool), intn func(int) 
 	return best, true
 }
 
+// sampleTries bounds the random draws of a pair of available candidates before powerOfTwo falls back
+// to a full pass: with a few unavailable upstreams a draw almost always succeeds, and a pool that is
+// mostly unavailable still gets an answer.
+const sampleTries = 4
+
 func powerOfTwo(metric Metric, n int, at func(int) (Candidate, bool), intn func(int) int) (int, bool) {
-	// One pass: count the available candidates, those with usable loads, and reservoir-sample two.
+	// Draw two distinct indices and look at those two only, so the cost does not grow with the pool.
+	// Redrawing both when either is unavailable keeps the pair uniform among available candidates.
+	for range sampleTries {
+		if n < 2 {
+			break
+		}
+		// One draw for the ordered pair: a random number costs as much as the rest of a comparison.
+		k := intn(n * (n - 1))
+		i, j := k/(n-1), k%(n-1)
+		if j >= i {
+			j++
+		}
+		a, ok := at(i)
+		if !ok {
+			continue
+		}
+		b, ok := at(j)
+		if !ok {
+			continue
+		}
+		if !metric.Usable(a.Signals) && !metric.Usable(b.Signals) {
+			break // only a full pass can tell whether any candidate has loads, or the caller falls back
+		}
+		return better(metric, [2]int{i, j}, &a, &b, intn), true
+	}
+	return powerOfTwoScan(metric, n, at, intn)
+}
+
+// powerOfTwoScan is powerOfTwo in one pass over every candidate: it counts the available ones and
+// those with usable loads, and reservoir-samples two.
+func powerOfTwoScan(metric Metric, n int, at func(int) (Candidate, bool), intn func(int) int) (int, bool) {
 	var pick [2]int
 	var cand [2]Candidate
 	available, loaded := 0, 0
@@ -157,16 +192,20 @@ func powerOfTwo(metric Metric, n int, at func(int) (Candidate, bool), intn func(
 	case available == 1:
 		return pick[0], true
 	}
-	a, b := &cand[0], &cand[1]
+	return better(metric, pick, &cand[0], &cand[1], intn), true
+}
+
+// better returns the index in pick of the better of the pair a, b; a tie is broken at random.
+func better(metric Metric, pick [2]int, a, b *Candidate, intn func(int) int) int {
 	set := metric.AllSignals()
 	if a.Signals != nil && b.Signals != nil {
 		set = metric.Common(metric.Common(set, a.Signals), b.Signals)
 	}
 	switch c := Compare(a, b, set); {
 	case c < 0:
-		return pick[0], true
+		return pick[0]
 	case c > 0:
-		return pick[1], true
+		return pick[1]
 	}
-	return pick[intn(2)], true
+	return pick[intn(2)]
 }

@@ -187,9 +187,14 @@ func TestChoose(t *testing.T) {
 		{"least skips unavailable", Least, []bool{true, false, true}, loads, nil, 2, true},
 		{"nothing available", Least, []bool{false, false, false}, loads, nil, -1, false},
 		{"no loads: fall back", Least, []bool{true, true}, []Candidate{{}, {}}, nil, -1, false},
-		{"p2c keeps the better of the pair", PowerOfTwo, []bool{true, true, true}, loads, []int{2}, 1, true},
-		// Reservoir: index 2 replaces slot 1 when intn(3)=1, so the pair is (0, 2): 2 wins.
-		{"p2c pair without the best", PowerOfTwo, []bool{true, true, true}, loads, []int{1}, 2, true},
+		// The pair is k/(n-1), k%(n-1) for k = intn(n*(n-1)), the second shifted past the first.
+		{"p2c keeps the better of the pair", PowerOfTwo, []bool{true, true, true}, loads, []int{5}, 1, true},
+		{"p2c pair without the best", PowerOfTwo, []bool{true, true, true}, loads, []int{4}, 2, true},
+		{"p2c redraws past an unavailable one", PowerOfTwo, []bool{true, false, true}, loads, []int{2, 1}, 2, true},
+		// A drawn pair without loads leads to a full pass, which finds that one has loads and samples
+		// (0, 2); without common signals they compare on in-flight requests: 2 wins.
+		{"p2c pair without loads scans", PowerOfTwo, []bool{true, true, true}, []Candidate{{Inflight: 1}, {}, loads[2]},
+			[]int{0, 1}, 2, true},
 		{"p2c single available", PowerOfTwo, []bool{false, false, true}, loads, nil, 2, true},
 		{"p2c nothing available", PowerOfTwo, []bool{false, false, false}, loads, nil, -1, false},
 		{"p2c no loads: fall back", PowerOfTwo, []bool{true, true}, []Candidate{{}, {}}, nil, -1, false},
@@ -237,5 +242,26 @@ func TestParse(t *testing.T) {
 	}
 	if _, err := ParseChoice("p2c"); err == nil || !strings.Contains(err.Error(), `"p2c"`) {
 		t.Errorf("ParseChoice(p2c) error = %v, want one naming the value", err)
+	}
+}
+
+func TestPowerOfTwoSamplesOnlyAvailable(t *testing.T) {
+	const n = 100
+	loads := make([]Candidate, n)
+	for i := range loads {
+		loads[i] = cand(float64(i)/n, 0, 0, 0)
+	}
+	rnd := rand.New(rand.NewPCG(3, 4))
+	seen := make(map[int]bool)
+	for range 5000 {
+		// Only every tenth candidate is available: most draws miss, some fall back to a full pass.
+		i, byLoad := Choose(PowerOfTwo, MetricAuto, n, func(i int) (Candidate, bool) { return loads[i], i%10 == 0 }, rnd.IntN)
+		if i%10 != 0 || !byLoad {
+			t.Fatalf("Choose = (%d, %v), want an available candidate chosen by load", i, byLoad)
+		}
+		seen[i] = true
+	}
+	if seen[90] || len(seen) != 9 {
+		t.Errorf("chosen %v: want every available candidate but the most loaded (90)", seen)
 	}
 }
