@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"go.uber.org/zap"
 
 	"github.com/caddy-sglang/caddy-sglang/monitor"
@@ -46,6 +47,7 @@ type App struct {
 	ctx     caddy.Context
 	logger  *zap.Logger
 	monitor *monitor.Monitor
+	events  *caddyevents.App
 
 	mu        sync.Mutex
 	endpoints map[string]*endpoint
@@ -69,7 +71,15 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.MaxConcurrentPolls < 0 {
 		return fmt.Errorf("max_concurrent_polls: must be >= 0, got %d", a.MaxConcurrentPolls)
 	}
+	eventsApp, err := ctx.App("events")
+	if err != nil {
+		return fmt.Errorf("getting events app: %w", err)
+	}
+	a.events = eventsApp.(*caddyevents.App)
 	a.endpoints = make(map[string]*endpoint)
+	if err := a.registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
 	a.monitor = monitor.New(monitor.Options{MaxConcurrent: a.MaxConcurrentPolls, OnResult: a.onPollResult})
 	return nil
 }
@@ -138,18 +148,15 @@ func (a *App) Cleanup() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for key := range a.endpoints {
-		_, _ = states.Delete(key)
+		releaseState(key)
 		delete(a.endpoints, key)
 	}
 	return nil
 }
 
+// onPollResult observes every poll: metrics, logs and events (observe.go).
 func (a *App) onPollResult(key string, prev, next *monitor.Snapshot, took time.Duration) {
-	if next.Err != nil {
-		a.logger.Debug("poll failed", zap.String("endpoint", key), zap.Duration("took", took), zap.Error(next.Err))
-		return
-	}
-	a.logger.Debug("poll ok", zap.String("endpoint", key), zap.Duration("took", took))
+	a.observePoll(key, prev, next, took)
 }
 
 // Interface guards.

@@ -3,7 +3,9 @@ package caddymodule
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -19,7 +21,12 @@ import (
 // the old config's last loads until its own first poll answers.
 var states = caddy.NewUsagePool()
 
-type sharedState struct{ monitor.State }
+type sharedState struct {
+	monitor.State
+	// down is set when a sglang_load_stale event was emitted and no sglang_load_recovered since; shared,
+	// so that the old and the new config of a reload emit each event once.
+	down atomic.Bool
+}
 
 func (*sharedState) Destruct() error { return nil }
 
@@ -60,6 +67,9 @@ type endpoint struct {
 	// host is the proxy's shared per-address state of the upstream this endpoint measures, from which
 	// in-flight counts are read. Set by Select, read when a poll answers.
 	host atomic.Pointer[reverseproxy.Host]
+
+	// upstreams counts the registrations of each upstream dial address measured here; guarded by App.mu.
+	upstreams map[string]int
 }
 
 // fresh returns the endpoint's report if it is usable at now, or nil if missing, empty or stale.
@@ -69,6 +79,16 @@ func (ep *endpoint) fresh(now time.Time) *loadpolicy.Report {
 		return nil
 	}
 	return rep
+}
+
+// candidate is the upstream as the chooser sees it at now, with inflight requests in flight to it.
+func (ep *endpoint) candidate(now time.Time, inflight int64) loadpolicy.Candidate {
+	c := loadpolicy.Candidate{Inflight: inflight}
+	if rep := ep.fresh(now); rep != nil {
+		c.Signals = rep.Signals()
+		c.Extra = max(0, inflight-rep.Inflight)
+	}
+	return c
 }
 
 // noteHost remembers the upstream's host so polls can record the proxy's in-flight count.
@@ -109,8 +129,9 @@ func (f stampingFetcher) Close() error {
 	return nil
 }
 
-// register adds a reference to the endpoint spec describes, creating and scheduling it on first use.
-func (a *App) register(spec endpointSpec) (*endpoint, error) {
+// register adds a reference to the endpoint spec describes for the upstream dialled at dial, creating
+// and scheduling it on first use.
+func (a *App) register(spec endpointSpec, dial string) (*endpoint, error) {
 	if spec.interval <= 0 {
 		spec.interval = a.interval
 	}
@@ -119,6 +140,7 @@ func (a *App) register(spec endpointSpec) (*endpoint, error) {
 	defer a.mu.Unlock()
 	if ep, ok := a.endpoints[key]; ok {
 		ep.refs++
+		ep.upstreams[dial]++
 		if int64(spec.interval) < ep.interval.Load() {
 			ep.setInterval(a, spec.interval)
 			a.monitor.SetInterval(key, spec.interval)
@@ -134,7 +156,7 @@ func (a *App) register(spec endpointSpec) (*endpoint, error) {
 		_ = stampingFetcher{Fetcher: fetcher}.Close() // a gRPC fetcher holds a connection from New on
 		return nil, err
 	}
-	ep := &endpoint{key: key, spec: spec, state: val.(*sharedState), refs: 1}
+	ep := &endpoint{key: key, spec: spec, state: val.(*sharedState), refs: 1, upstreams: map[string]int{dial: 1}}
 	ep.setInterval(a, spec.interval)
 	stamped := stampingFetcher{Fetcher: fetcher, ep: ep}
 	err = a.monitor.Add(monitor.Target{
@@ -146,10 +168,11 @@ func (a *App) register(spec endpointSpec) (*endpoint, error) {
 	})
 	if err != nil {
 		_ = stamped.Close()
-		_, _ = states.Delete(key)
+		releaseState(key)
 		return nil, err
 	}
 	a.endpoints[key] = ep
+	initPollCounters(key, spec.transport)
 	a.logger.Debug("monitoring worker load", zap.String("endpoint", key), zap.Duration("interval", spec.interval))
 	return ep, nil
 }
@@ -159,8 +182,8 @@ func (ep *endpoint) setInterval(a *App, d time.Duration) {
 	ep.staleness.Store(int64(a.staleAfterFor(d)))
 }
 
-// unregister drops a reference; the last one stops polling the endpoint.
-func (a *App) unregister(ep *endpoint) {
+// unregister drops the reference register took for dial; the last one stops polling the endpoint.
+func (a *App) unregister(ep *endpoint, dial string) {
 	a.mu.Lock()
 	cur, ok := a.endpoints[ep.key]
 	if !ok || cur != ep {
@@ -168,6 +191,9 @@ func (a *App) unregister(ep *endpoint) {
 		return
 	}
 	ep.refs--
+	if ep.upstreams[dial]--; ep.upstreams[dial] <= 0 {
+		delete(ep.upstreams, dial)
+	}
 	last := ep.refs == 0
 	if last {
 		delete(a.endpoints, ep.key)
@@ -175,8 +201,28 @@ func (a *App) unregister(ep *endpoint) {
 	a.mu.Unlock()
 	if last {
 		a.monitor.Remove(ep.key)
-		_, _ = states.Delete(ep.key)
+		releaseState(ep.key)
 	}
+}
+
+// releaseState drops a reference to the endpoint's shared state; the last one, once no config
+// monitors the endpoint, also drops its metric series.
+func releaseState(key string) {
+	if deleted, _ := states.Delete(key); deleted {
+		deletePollCounters(key)
+	}
+}
+
+// upstreamsOfLocked returns the dial addresses of the upstreams ep measures, sorted; a.mu must be held.
+func (a *App) upstreamsOfLocked(ep *endpoint) []string {
+	return slices.Sorted(maps.Keys(ep.upstreams))
+}
+
+// upstreamsOf is upstreamsOfLocked for callers that do not hold a.mu.
+func (a *App) upstreamsOf(ep *endpoint) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.upstreamsOfLocked(ep)
 }
 
 // loadAddress is the host:port to poll for an upstream dialled at dial, or an error when the dial

@@ -183,7 +183,7 @@ func (p *Policy) register(dial string) (*endpoint, error) {
 		return nil, err
 	}
 	spec.address = addr
-	ep, err := p.app.register(spec)
+	ep, err := p.app.register(spec, dial)
 	if err != nil {
 		return nil, err
 	}
@@ -202,25 +202,28 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		if !u.Available() {
 			return loadpolicy.Candidate{}, false
 		}
-		c := loadpolicy.Candidate{Inflight: int64(u.NumRequests())}
+		inflight := int64(u.NumRequests())
 		ep := eps[u.Dial]
 		if ep == nil {
 			ep = p.registerLate(u.Dial)
 			if ep == nil {
-				return c, true
+				return loadpolicy.Candidate{Inflight: inflight}, true
 			}
 		}
 		ep.noteHost(u.Host)
-		if rep := ep.fresh(now); rep != nil {
-			c.Signals = rep.Signals()
-			c.Extra = max(0, c.Inflight-rep.Inflight)
-		}
-		return c, true
+		return ep.candidate(now, inflight), true
 	}, rand.IntN)
 	if byLoad {
+		metrics.selectedByLoad.Inc()
 		return pool[idx]
 	}
-	return p.fallback.Select(pool, r, w)
+	u := p.fallback.Select(pool, r, w)
+	if u == nil {
+		metrics.selectedNone.Inc()
+	} else {
+		metrics.selectedByFallback.Inc()
+	}
+	return u
 }
 
 // registerLate registers an upstream first seen in Select (a dynamic upstream); it logs once and
@@ -248,8 +251,8 @@ func (p *Policy) Cleanup() error {
 	p.endpoints.Store(&map[string]*endpoint{})
 	p.mu.Unlock()
 	if eps != nil {
-		for _, ep := range *eps {
-			p.app.unregister(ep)
+		for dial, ep := range *eps {
+			p.app.unregister(ep, dial)
 		}
 	}
 	return nil

@@ -1,0 +1,549 @@
+package caddymodule_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+)
+
+const adminURL = "http://localhost:2999"
+
+// worker is the subset of an /sglang_load/workers entry the tests read.
+type worker struct {
+	Upstreams        []string `json:"upstreams"`
+	Endpoint         string   `json:"endpoint"`
+	LoadAddress      string   `json:"load_address"`
+	Transport        string   `json:"transport"`
+	Interval         string   `json:"interval"`
+	StaleAfter       string   `json:"stale_after"`
+	State            string   `json:"state"`
+	ReportAgeSeconds *float64 `json:"report_age_seconds"`
+	Report           *struct {
+		Totals struct {
+			Running    *int64   `json:"num_running_reqs"`
+			Waiting    *int64   `json:"num_waiting_reqs"`
+			TokenUsage *float64 `json:"token_usage"`
+		} `json:"totals"`
+		Ranks []struct {
+			DPRank     *int     `json:"dp_rank"`
+			TokenUsage *float64 `json:"token_usage"`
+		} `json:"ranks"`
+	} `json:"report"`
+	LastError       string     `json:"last_error"`
+	LastErrorResult string     `json:"last_error_result"`
+	LastErrorAt     *time.Time `json:"last_error_at"`
+	PollsOK         uint64     `json:"polls_ok"`
+	PollsFailed     uint64     `json:"polls_failed"`
+	Inflight        int64      `json:"inflight"`
+	Score           *struct {
+		Signal  string             `json:"signal"`
+		Value   float64            `json:"value"`
+		Signals map[string]float64 `json:"signals"`
+	} `json:"score"`
+}
+
+// adminDo sends a request to the admin API and returns the status and the body.
+func adminDo(t *testing.T, method, path string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, adminURL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Timeout: 15 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: reading body: %v", method, path, err)
+	}
+	return resp.StatusCode, body
+}
+
+// workers returns the admin view, keyed by upstream address.
+func workers(t *testing.T) map[string]worker {
+	t.Helper()
+	code, body := adminDo(t, http.MethodGet, "/sglang_load/workers")
+	if code != http.StatusOK {
+		t.Fatalf("GET /sglang_load/workers: status %d: %s", code, body)
+	}
+	return decodeWorkers(t, body)
+}
+
+func decodeWorkers(t *testing.T, body []byte) map[string]worker {
+	t.Helper()
+	var list []worker
+	if err := json.Unmarshal(body, &list); err != nil {
+		t.Fatalf("decoding workers: %v: %s", err, body)
+	}
+	byAddr := make(map[string]worker, len(list))
+	for _, w := range list {
+		if len(w.Upstreams) != 1 {
+			t.Fatalf("worker %s: upstreams %v, want one", w.Endpoint, w.Upstreams)
+		}
+		byAddr[w.Upstreams[0]] = w
+	}
+	return byAddr
+}
+
+// waitWorkers waits until the admin view satisfies cond for every named worker.
+func waitWorkers(t *testing.T, within time.Duration, what string, cond func(worker) bool, ws ...*testWorker) map[string]worker {
+	t.Helper()
+	var view map[string]worker
+	eventually(t, within, func() bool {
+		view = workers(t)
+		for _, w := range ws {
+			if v, ok := view[w.addr()]; !ok || !cond(v) {
+				return false
+			}
+		}
+		return true
+	}, "admin view: %s", what)
+	return view
+}
+
+func polledOK(w worker) bool { return w.State == "fresh" && w.PollsOK >= 1 }
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-6 }
+
+func TestAdminListsEveryWorker(t *testing.T) {
+	busy, mid, idle := threeWorkers(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(caddyfile("interval 100ms", "", busy, mid, idle), "caddyfile")
+	view := waitWorkers(t, 10*time.Second, "every worker polled", polledOK, busy, mid, idle)
+
+	if len(view) != 3 {
+		t.Fatalf("admin view has %d workers, want 3: %v", len(view), view)
+	}
+	for _, tc := range []struct {
+		w                 *testWorker
+		usage             float64
+		running, waiting  int64
+		queuedTokensScore float64 // waiting*500 queued tokens / 1000 tokens/s
+	}{
+		{busy, 0.9, 90, 20, 10}, {mid, 0.5, 50, 5, 2.5}, {idle, 0.1, 10, 0, 0},
+	} {
+		v := view[tc.w.addr()]
+		if v.Endpoint != "http://"+tc.w.addr() || v.LoadAddress != tc.w.addr() || v.Transport != "http" ||
+			v.Interval != "100ms" || v.StaleAfter != "300ms" || v.State != "fresh" {
+			t.Errorf("%s: endpoint %q load address %q transport %q interval %q stale_after %q state %q", tc.w.name,
+				v.Endpoint, v.LoadAddress, v.Transport, v.Interval, v.StaleAfter, v.State)
+		}
+		if v.Report == nil || v.ReportAgeSeconds == nil {
+			t.Fatalf("%s: no report", tc.w.name)
+		}
+		tot := v.Report.Totals
+		if tot.TokenUsage == nil || !near(*tot.TokenUsage, tc.usage) || tot.Running == nil || *tot.Running != tc.running ||
+			tot.Waiting == nil || *tot.Waiting != tc.waiting {
+			t.Errorf("%s: totals usage %v running %v waiting %v, want %v %d %d", tc.w.name,
+				ptr(tot.TokenUsage), ptr(tot.Running), ptr(tot.Waiting), tc.usage, tc.running, tc.waiting)
+		}
+		if len(v.Report.Ranks) != 1 || v.Report.Ranks[0].DPRank == nil || *v.Report.Ranks[0].DPRank != 0 {
+			t.Errorf("%s: ranks %+v, want one rank 0", tc.w.name, v.Report.Ranks)
+		}
+		if *v.ReportAgeSeconds < 0 || *v.ReportAgeSeconds > 5 {
+			t.Errorf("%s: report age %vs", tc.w.name, *v.ReportAgeSeconds)
+		}
+		if v.PollsFailed != 0 || v.LastError != "" || v.Inflight != 0 {
+			t.Errorf("%s: polls failed %d, last error %q, in flight %d", tc.w.name, v.PollsFailed, v.LastError, v.Inflight)
+		}
+		if v.Score == nil || v.Score.Signal != "queued_tokens" || !near(v.Score.Value, tc.queuedTokensScore) ||
+			!near(v.Score.Signals["token_usage"], tc.usage) || !near(v.Score.Signals["waiting"], float64(tc.waiting)) {
+			t.Errorf("%s: score %+v, want queued_tokens %v", tc.w.name, v.Score, tc.queuedTokensScore)
+		}
+	}
+
+	code, body := adminDo(t, http.MethodGet, "/sglang_load/workers/"+mid.addr())
+	var one worker
+	if err := json.Unmarshal(body, &one); code != http.StatusOK || err != nil || one.Endpoint != "http://"+mid.addr() {
+		t.Errorf("GET /sglang_load/workers/%s: status %d, %v: %s", mid.addr(), code, err, body)
+	}
+	code, body = adminDo(t, http.MethodGet, "/sglang_load/workers/127.0.0.1:1")
+	if code != http.StatusNotFound || !strings.Contains(string(body), `"error"`) {
+		t.Errorf("unknown worker: status %d: %s, want 404 with a JSON error", code, body)
+	}
+}
+
+func ptr[T any](p *T) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+func TestAdminShowsHungWorkerStale(t *testing.T) {
+	busy, mid, idle := threeWorkers(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(caddyfile("interval 100ms\n\t\ttimeout 100ms\n\t\tstale_after 300ms", "", busy, mid, idle), "caddyfile")
+	waitWorkers(t, 10*time.Second, "every worker polled", polledOK, busy, mid, idle)
+
+	mid.hanging.Store(true)
+	view := waitWorkers(t, 10*time.Second, "hung worker stale", func(w worker) bool { return w.State == "stale" }, mid)
+	v := view[mid.addr()]
+	if v.LastErrorResult != "timeout" || !strings.Contains(v.LastError, "timeout") || v.LastErrorAt == nil || v.PollsFailed == 0 {
+		t.Errorf("hung worker: error %q (%s) at %v, %d failed polls", v.LastError, v.LastErrorResult, v.LastErrorAt, v.PollsFailed)
+	}
+	if v.Report == nil || v.ReportAgeSeconds == nil || *v.ReportAgeSeconds < 0.3 || v.Score != nil {
+		t.Errorf("hung worker: report %v age %v score %+v, want the old report, older than 300ms, and no score",
+			v.Report != nil, ptr(v.ReportAgeSeconds), v.Score)
+	}
+	for _, w := range []*testWorker{busy, idle} {
+		if s := view[w.addr()].State; s != "fresh" {
+			t.Errorf("%s: state %q beside a hung worker, want fresh", w.name, s)
+		}
+	}
+	if n := metricValue(t, scrape(t), "caddy_sglang_load_polls_total", "endpoint", "http://"+mid.addr(), "result", "timeout"); n < 1 {
+		t.Errorf("polls_total{result=timeout} of the hung worker = %v, want >= 1", n)
+	}
+}
+
+func TestAdminRefreshAndMethods(t *testing.T) {
+	busy, mid, idle := threeWorkers(t)
+	tester := caddytest.NewTester(t)
+	// Polled once at start, then not for an hour: only a refresh can show a new load.
+	tester.InitServer(caddyfile("interval 1h", "", busy, mid, idle), "caddyfile")
+	waitWorkers(t, 10*time.Second, "every worker polled", polledOK, busy, mid, idle)
+
+	idle.setLoad(0.75, 3)
+	before := idle.loadPolls.Load()
+	code, body := adminDo(t, http.MethodPost, "/sglang_load/refresh")
+	if code != http.StatusOK {
+		t.Fatalf("POST /sglang_load/refresh: status %d: %s", code, body)
+	}
+	if idle.loadPolls.Load() == before {
+		t.Errorf("refresh answered without polling")
+	}
+	for name, view := range map[string]map[string]worker{"refresh answer": decodeWorkers(t, body), "view after refresh": workers(t)} {
+		v := view[idle.addr()]
+		if v.Report == nil || v.Report.Totals.TokenUsage == nil || !near(*v.Report.Totals.TokenUsage, 0.75) || v.PollsOK != 2 {
+			t.Errorf("%s: idle worker usage %v after %d ok polls, want 0.75 after 2", name, v.Report, v.PollsOK)
+		}
+	}
+
+	for _, tc := range []struct{ method, path, allow string }{
+		{http.MethodPost, "/sglang_load/workers", "GET"},
+		{http.MethodDelete, "/sglang_load/workers/" + idle.addr(), "GET"},
+		{http.MethodGet, "/sglang_load/refresh", "POST"},
+		{http.MethodPut, "/sglang_load/refresh", "POST"},
+	} {
+		req, _ := http.NewRequest(tc.method, adminURL+tc.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e struct{ Error string }
+		err = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusMethodNotAllowed || err != nil || e.Error == "" || resp.Header.Get("Allow") != tc.allow {
+			t.Errorf("%s %s: status %d, Allow %q, JSON error %q (%v); want 405, %s and an error",
+				tc.method, tc.path, resp.StatusCode, resp.Header.Get("Allow"), e.Error, err, tc.allow)
+		}
+	}
+}
+
+// onDemandCaddyfile has no sglang_load global option: the policy creates the app with its defaults.
+func onDemandCaddyfile(workers ...*testWorker) string {
+	addrs := make([]string, len(workers))
+	for i, w := range workers {
+		addrs[i] = w.addr()
+	}
+	return fmt.Sprintf(`{
+	admin localhost:2999
+	http_port 9080
+	skip_install_trust
+}
+http://127.0.0.1:9080 {
+	reverse_proxy %s {
+		lb_policy sglang_load {
+			interval 150ms
+		}
+	}
+}
+`, strings.Join(addrs, " "))
+}
+
+func TestAdminViewSurvivesReload(t *testing.T) {
+	busy, mid, idle := threeWorkers(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(caddyfile("interval 100ms", "", busy, mid), "caddyfile")
+	first := waitWorkers(t, 10*time.Second, "two workers polled", polledOK, busy, mid)
+	if len(first) != 2 {
+		t.Fatalf("before reload: %d workers, want 2", len(first))
+	}
+
+	// The new config has no sglang_load block (the app is created on demand) and one more worker.
+	tester.InitServer(onDemandCaddyfile(busy, mid, idle), "caddyfile")
+	view := waitWorkers(t, 10*time.Second, "three workers polled at the new interval",
+		func(w worker) bool { return polledOK(w) && w.Interval == "150ms" }, busy, mid, idle)
+	if len(view) != 3 {
+		t.Fatalf("after reload: %d workers, want 3: %v", len(view), view)
+	}
+	// The loads survived the reload: the counts go on from the old config's.
+	if ok := view[busy.addr()].PollsOK; ok < first[busy.addr()].PollsOK {
+		t.Errorf("busy: %d ok polls after the reload, fewer than the %d before", ok, first[busy.addr()].PollsOK)
+	}
+	if v := view[idle.addr()]; v.Report == nil || !near(*v.Report.Totals.TokenUsage, 0.1) {
+		t.Errorf("idle worker after reload: report %+v", v.Report)
+	}
+}
+
+// scrape returns the admin /metrics page.
+func scrape(t *testing.T) string {
+	t.Helper()
+	code, body := adminDo(t, http.MethodGet, "/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("GET /metrics: status %d", code)
+	}
+	return string(body)
+}
+
+// metricValue returns the value of the series of name whose labels include the given name/value pairs,
+// or NaN when there is none.
+func metricValue(t *testing.T, page, name string, labels ...string) float64 {
+	t.Helper()
+	sc := bufio.NewScanner(strings.NewReader(page))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+lines:
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		for i := 0; i+1 < len(labels); i += 2 {
+			if !strings.Contains(line, fmt.Sprintf("%s=%q", labels[i], labels[i+1])) {
+				continue lines
+			}
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil {
+			t.Fatalf("series %q: %v", line, err)
+		}
+		return v
+	}
+	return math.NaN()
+}
+
+func TestMetricsSeries(t *testing.T) {
+	busy, mid, idle := threeWorkers(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(caddyfile("interval 100ms", "choose least", busy, mid, idle), "caddyfile")
+	waitWorkers(t, 10*time.Second, "every worker polled", polledOK, busy, mid, idle)
+
+	before := scrape(t)
+	sendRequests(t, proxyURL, 20)
+	page := scrape(t)
+	for _, tc := range []struct {
+		w                       *testWorker
+		usage, running, waiting float64
+	}{{busy, 0.9, 90, 20}, {mid, 0.5, 50, 5}, {idle, 0.1, 10, 0}} {
+		ep := []string{"endpoint", "http://" + tc.w.addr(), "transport", "http"}
+		for name, want := range map[string]float64{
+			"caddy_sglang_load_token_usage":      tc.usage,
+			"caddy_sglang_load_running_requests": tc.running,
+			"caddy_sglang_load_waiting_requests": tc.waiting,
+		} {
+			if got := metricValue(t, page, name, ep...); !near(got, want) {
+				t.Errorf("%s %s = %v, want %v", tc.w.name, name, got, want)
+			}
+		}
+		if age := metricValue(t, page, "caddy_sglang_load_report_age_seconds", ep...); !(age >= 0 && age < 5) {
+			t.Errorf("%s report age %v", tc.w.name, age)
+		}
+		if ok := metricValue(t, page, "caddy_sglang_load_polls_total", append(ep, "result", "ok")...); !(ok >= 1) {
+			t.Errorf("%s ok polls %v", tc.w.name, ok)
+		}
+		for _, r := range []string{"timeout", "http_status", "decode", "unavailable"} {
+			if n := metricValue(t, page, "caddy_sglang_load_polls_total", append(ep, "result", r)...); n != 0 {
+				t.Errorf("%s polls_total{result=%s} = %v, want 0", tc.w.name, r, n)
+			}
+		}
+	}
+	if n := metricValue(t, page, "caddy_sglang_load_poll_duration_seconds_count", "transport", "http", "result", "ok"); !(n >= 3) {
+		t.Errorf("poll duration histogram count %v, want >= 3", n)
+	}
+	sel := func(page, branch string) float64 {
+		return metricValue(t, page, "caddy_sglang_load_selections_total", "branch", branch)
+	}
+	if d := sel(page, "load") - sel(before, "load"); d != 20 {
+		t.Errorf("selections by load grew by %v over 20 requests, want 20", d)
+	}
+	if d := sel(page, "fallback") - sel(before, "fallback"); d != 0 {
+		t.Errorf("selections by fallback grew by %v with fresh loads, want 0", d)
+	}
+
+	// Without loads every selection is the fallback's.
+	a, b := newTestWorker(t, "a", 0, 0), newTestWorker(t, "b", 0, 0)
+	a.noLoads.Store(true)
+	b.noLoads.Store(true)
+	tester.InitServer(caddyfile("interval 100ms", "", a, b), "caddyfile")
+	waitPolls(t, 1, a, b)
+	before = scrape(t)
+	sendRequests(t, proxyURL, 10)
+	page = scrape(t)
+	if d := sel(page, "fallback") - sel(before, "fallback"); d != 10 {
+		t.Errorf("selections by fallback grew by %v over 10 requests without loads, want 10", d)
+	}
+	// The old config's workers are no longer monitored: their gauges are gone.
+	if v := metricValue(t, page, "caddy_sglang_load_token_usage", "endpoint", "http://"+busy.addr()); !math.IsNaN(v) {
+		t.Errorf("token_usage of an unmonitored worker still exported: %v", v)
+	}
+}
+
+func TestMetricsCountFailuresByResult(t *testing.T) {
+	notFound := newTestWorker(t, "not-found", 0, 0)
+	notFound.noLoads.Store(true)
+	garbage := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(rw, "<html>not json</html>")
+	}))
+	t.Cleanup(garbage.Close)
+	// A port that refuses: listen, take the address, close.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := ln.Addr().String()
+	ln.Close()
+
+	tester := caddytest.NewTester(t)
+	tester.InitServer(fmt.Sprintf(`{
+	admin localhost:2999
+	http_port 9080
+	skip_install_trust
+	sglang_load {
+		interval 100ms
+	}
+}
+http://127.0.0.1:9080 {
+	reverse_proxy %s %s %s {
+		lb_policy sglang_load
+	}
+}
+`, notFound.addr(), strings.TrimPrefix(garbage.URL, "http://"), refused), "caddyfile")
+
+	want := map[string]string{
+		notFound.addr(): "http_status",
+		strings.TrimPrefix(garbage.URL, "http://"): "decode",
+		refused: "unavailable",
+	}
+	var page string
+	eventually(t, 10*time.Second, func() bool {
+		page = scrape(t)
+		for addr, result := range want {
+			if !(metricValue(t, page, "caddy_sglang_load_polls_total", "endpoint", "http://"+addr, "result", result) >= 2) {
+				return false
+			}
+		}
+		return true
+	}, "two failed polls of each worker")
+	for addr, result := range want {
+		for _, r := range []string{"ok", "timeout", "http_status", "decode", "unavailable"} {
+			if r == result {
+				continue
+			}
+			if n := metricValue(t, page, "caddy_sglang_load_polls_total", "endpoint", "http://"+addr, "result", r); n != 0 {
+				t.Errorf("%s: polls_total{result=%s} = %v, want 0 (its polls fail with %s)", addr, r, n, result)
+			}
+		}
+	}
+	view := workers(t)
+	for addr, result := range want {
+		if v := view[addr]; v.State != "missing" || v.LastErrorResult != result || v.Score != nil {
+			t.Errorf("%s: state %q, last error %q (%s), score %+v; want missing, %s, no score", addr, v.State, v.LastError,
+				v.LastErrorResult, v.Score, result)
+		}
+	}
+}
+
+func TestAPIKeyNeverShown(t *testing.T) {
+	const secret = "sk-test-9f8e7d6c5b4a"
+	var authorized, echoed atomic.Int64
+	keyed := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+secret {
+			http.Error(rw, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		authorized.Add(1)
+		fmt.Fprint(rw, `{"version":"0.5.9","loads":[{"dp_rank":0,"num_running_reqs":1,"num_waiting_reqs":0,"num_used_tokens":10,"max_total_num_tokens":100,"token_usage":0.1}]}`)
+	}))
+	t.Cleanup(keyed.Close)
+	// A worker that rejects the key and echoes it back, as a careless server might.
+	echo := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		echoed.Add(1)
+		http.Error(rw, "bad credentials: "+r.Header.Get("Authorization"), http.StatusForbidden)
+	}))
+	t.Cleanup(echo.Close)
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+
+	tester := caddytest.NewTester(t)
+	tester.InitServer(fmt.Sprintf(`{
+	admin localhost:2999
+	http_port 9080
+	skip_install_trust
+	log {
+		output file %s
+		level DEBUG
+	}
+	sglang_load {
+		interval 100ms
+	}
+}
+http://127.0.0.1:9080 {
+	reverse_proxy %s %s {
+		lb_policy sglang_load {
+			api_key %s
+		}
+	}
+}
+`, logFile, strings.TrimPrefix(keyed.URL, "http://"), strings.TrimPrefix(echo.URL, "http://"), secret), "caddyfile")
+
+	eventually(t, 10*time.Second, func() bool { return authorized.Load() >= 2 && echoed.Load() >= 2 }, "polls with the key")
+	var shown strings.Builder
+	for _, req := range []struct{ method, path string }{
+		{http.MethodGet, "/sglang_load/workers"},
+		{http.MethodGet, "/sglang_load/workers/" + strings.TrimPrefix(echo.URL, "http://")},
+		{http.MethodPost, "/sglang_load/refresh"},
+		{http.MethodGet, "/metrics"},
+	} {
+		_, body := adminDo(t, req.method, req.path)
+		shown.Write(body)
+	}
+	if !strings.Contains(shown.String(), "http_status") {
+		t.Errorf("admin output does not show the rejected poll: %s", shown.String())
+	}
+	if strings.Contains(shown.String(), secret) {
+		t.Errorf("the api key appears in the admin output")
+	}
+
+	// Every poll is logged at debug level, and the rejected worker's state change at warn: the
+	// capture holds both, and never the key.
+	var logs []byte
+	eventually(t, 10*time.Second, func() bool {
+		var err error
+		logs, err = os.ReadFile(logFile)
+		return err == nil && strings.Contains(string(logs), `"msg":"worker load state changed"`) &&
+			strings.Contains(string(logs), `"result":"http_status"`) && strings.Contains(string(logs), `"msg":"poll"`)
+	}, "poll and state-change lines in the captured log")
+	if strings.Contains(string(logs), secret) {
+		for _, line := range strings.Split(string(logs), "\n") {
+			if strings.Contains(line, secret) {
+				t.Errorf("the api key appears in a log line: %s", line)
+			}
+		}
+	}
+}

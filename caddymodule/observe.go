@@ -1,0 +1,273 @@
+package caddymodule
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc/codes"
+
+	"github.com/caddy-sglang/caddy-sglang/grpcload"
+	"github.com/caddy-sglang/caddy-sglang/httpload"
+	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
+	"github.com/caddy-sglang/caddy-sglang/monitor"
+)
+
+// Poll results, the values of the result label.
+const (
+	resultOK          = "ok"
+	resultTimeout     = "timeout"
+	resultStatus      = "http_status" // the worker answered an error status (HTTP, or gRPC other than Unavailable)
+	resultDecode      = "decode"
+	resultUnavailable = "unavailable"
+)
+
+var pollResults = [...]string{resultOK, resultTimeout, resultStatus, resultDecode, resultUnavailable}
+
+// pollResult classifies a poll's error into one of a fixed set of label values.
+func pollResult(err error) string {
+	var (
+		timeout  *monitor.TimeoutError
+		hstatus  *httpload.StatusError
+		gstatus  *grpcload.StatusError
+		decode   *httpload.DecodeError
+		tooLarge *httpload.TooLargeError
+	)
+	switch {
+	case err == nil:
+		return resultOK
+	case errors.As(err, &timeout):
+		return resultTimeout
+	case errors.As(err, &hstatus):
+		return resultStatus
+	case errors.As(err, &decode), errors.As(err, &tooLarge):
+		return resultDecode
+	case errors.As(err, &gstatus):
+		switch gstatus.Code {
+		case codes.DeadlineExceeded:
+			return resultTimeout
+		case codes.Unavailable, codes.Canceled:
+			return resultUnavailable
+		}
+		return resultStatus
+	}
+	return resultUnavailable // refused, reset, DNS: nothing answered
+}
+
+// Metrics shared by every config: counters keep counting across reloads. Each config's registry is new,
+// so registering them there again never collides.
+var metrics = struct {
+	polls        *prometheus.CounterVec
+	pollDuration *prometheus.HistogramVec
+	selections   *prometheus.CounterVec
+	// Pre-resolved children, so Select counts without a map lookup or an allocation.
+	selectedByLoad, selectedByFallback, selectedNone prometheus.Counter
+}{}
+
+const metricsNamespace, metricsSubsystem = "caddy", "sglang_load"
+
+func init() {
+	metrics.polls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "polls_total",
+		Help: "Load polls by endpoint and result (ok, timeout, http_status, decode, unavailable).",
+	}, []string{"endpoint", "transport", "result"})
+	metrics.pollDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "poll_duration_seconds",
+		Help:    "Duration of load polls, by transport and result.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"transport", "result"})
+	metrics.selections = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "selections_total",
+		Help: "Upstream selections by branch: load (chosen on loads), fallback (by the fallback policy), none (no upstream).",
+	}, []string{"branch"})
+	metrics.selectedByLoad = metrics.selections.WithLabelValues("load")
+	metrics.selectedByFallback = metrics.selections.WithLabelValues("fallback")
+	metrics.selectedNone = metrics.selections.WithLabelValues("none")
+}
+
+// registerMetrics adds the shared metrics and the app's gauges to the config's registry.
+func (a *App) registerMetrics(reg *prometheus.Registry) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{metrics.polls, metrics.pollDuration, metrics.selections, gauges{a}} {
+		if err := reg.Register(c); err != nil {
+			if already := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &already) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// countPoll counts one poll of the endpoint.
+func countPoll(key, transport, result string, took time.Duration) {
+	metrics.polls.WithLabelValues(key, transport, result).Inc()
+	metrics.pollDuration.WithLabelValues(transport, result).Observe(took.Seconds())
+}
+
+// initPollCounters makes every result's counter of an endpoint exist at 0, so a rate over the first
+// failure is not lost for want of an earlier sample.
+func initPollCounters(key, transport string) {
+	for _, r := range pollResults {
+		metrics.polls.WithLabelValues(key, transport, r)
+	}
+}
+
+// deletePollCounters drops an endpoint's series once no config monitors it.
+func deletePollCounters(key string) {
+	metrics.polls.DeletePartialMatch(prometheus.Labels{"endpoint": key})
+}
+
+// Per-endpoint gauges, computed from the latest reports at scrape time: a report's age is always
+// current, and an endpoint that is no longer monitored has no series.
+var (
+	gaugeLabels    = []string{"endpoint", "transport"}
+	tokenUsageDesc = gaugeDesc("token_usage", "KV-pool usage of the worker's hottest DP rank (0..1), from its last report.")
+	runningDesc    = gaugeDesc("running_requests", "Running requests over the worker's DP ranks, from its last report.")
+	waitingDesc    = gaugeDesc("waiting_requests", "Queued requests over the worker's DP ranks, from its last report.")
+	reportAgeDesc  = gaugeDesc("report_age_seconds", "Age of the worker's last load report.")
+	gaugeDescs     = [...]*prometheus.Desc{tokenUsageDesc, runningDesc, waitingDesc, reportAgeDesc}
+)
+
+func gaugeDesc(name, help string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(metricsNamespace, metricsSubsystem, name), help, gaugeLabels, nil)
+}
+
+// gauges collects the per-endpoint gauges of one app.
+type gauges struct{ app *App }
+
+func (gauges) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range gaugeDescs {
+		ch <- d
+	}
+}
+
+func (g gauges) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	for _, ep := range g.app.endpointList() {
+		snap := ep.state.Load()
+		if snap == nil || snap.Report == nil {
+			continue
+		}
+		rep := snap.Report
+		labels := []string{ep.key, ep.spec.transport}
+		ch <- prometheus.MustNewConstMetric(reportAgeDesc, prometheus.GaugeValue, now.Sub(rep.Received).Seconds(), labels...)
+		// Only what every rank sent: a field a worker does not send must not read as zero load.
+		set := rep.Signals().Set
+		if set.Has(loadpolicy.TokenUsage) {
+			ch <- prometheus.MustNewConstMetric(tokenUsageDesc, prometheus.GaugeValue, rep.MaxTokenUsage, labels...)
+		}
+		if set.Has(loadpolicy.Running) {
+			ch <- prometheus.MustNewConstMetric(runningDesc, prometheus.GaugeValue, float64(rep.Running), labels...)
+		}
+		if set.Has(loadpolicy.Waiting) {
+			ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(rep.Waiting), labels...)
+		}
+	}
+}
+
+// Worker freshness, as the policy sees it.
+const (
+	stateFresh   = "fresh"   // a non-empty report younger than stale_after: the policy routes on it
+	stateStale   = "stale"   // the last report is too old: the policy ignores it
+	stateMissing = "missing" // no report yet, or an empty one (a worker still starting)
+)
+
+// freshness classifies snap at now with the policy's own test (endpoint.fresh).
+func freshness(snap *monitor.Snapshot, now time.Time, staleAfter time.Duration) string {
+	switch {
+	case !snap.Fresh(now, staleAfter).Empty():
+		return stateFresh
+	case snap != nil && !snap.Report.Empty():
+		return stateStale
+	}
+	return stateMissing
+}
+
+// health is what a state-change log line compares: the freshness after a poll and the poll's result.
+type health struct{ state, result string }
+
+func healthAt(snap *monitor.Snapshot, staleAfter time.Duration) health {
+	if snap == nil {
+		return health{stateMissing, resultOK}
+	}
+	return health{freshness(snap, snap.LastPoll, staleAfter), pollResult(snap.Err)}
+}
+
+// observePoll records one poll: its metrics, a debug line, and, when the worker's health changed, one
+// log line and possibly a sglang_load_stale or sglang_load_recovered event.
+func (a *App) observePoll(key string, prev, next *monitor.Snapshot, took time.Duration) {
+	ep := a.endpointByKey(key)
+	transport := ""
+	if ep != nil {
+		transport = ep.spec.transport
+	}
+	result := pollResult(next.Err)
+	countPoll(key, transport, result, took)
+	if ce := a.logger.Check(zapcore.DebugLevel, "poll"); ce != nil {
+		ce.Write(zap.String("endpoint", key), zap.String("result", result), zap.Duration("took", took), zap.Error(next.Err))
+	}
+	if ep == nil {
+		return // unregistered while the poll ran
+	}
+	staleAfter := time.Duration(ep.staleness.Load())
+	from, to := healthAt(prev, staleAfter), healthAt(next, staleAfter)
+	if from == to {
+		return
+	}
+	level := zapcore.WarnLevel
+	if to == (health{stateFresh, resultOK}) {
+		level = zapcore.InfoLevel
+	}
+	if ce := a.logger.Check(level, "worker load state changed"); ce != nil {
+		fields := []zap.Field{
+			zap.String("endpoint", key),
+			zap.String("from", from.state), zap.String("state", to.state),
+			zap.String("from_result", from.result), zap.String("result", to.result),
+			zap.Int("consecutive_failures", next.Failures),
+		}
+		if next.Report != nil {
+			fields = append(fields, zap.Duration("report_age", next.LastPoll.Sub(next.Report.Received)))
+		}
+		ce.Write(append(fields, zap.Error(next.Err))...)
+	}
+	// The flag lives in the shared state, so the old and the new config of a reload emit one event.
+	switch {
+	case from.state == stateFresh && to.state != stateFresh && ep.state.down.CompareAndSwap(false, true):
+		a.emit("sglang_load_stale", ep, next)
+	case to.state == stateFresh && ep.state.down.CompareAndSwap(true, false):
+		a.emit("sglang_load_recovered", ep, next)
+	}
+}
+
+// emit sends an event through Caddy's events app, for handlers that subscribe to it.
+func (a *App) emit(name string, ep *endpoint, snap *monitor.Snapshot) {
+	if a.events == nil {
+		return
+	}
+	data := map[string]any{"endpoint": ep.key, "transport": ep.spec.transport, "upstreams": a.upstreamsOf(ep)}
+	if snap.Err != nil {
+		data["error"] = snap.Err.Error()
+	}
+	a.events.Emit(a.ctx, name, data)
+}
+
+// endpointList returns the app's endpoints.
+func (a *App) endpointList() []*endpoint {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	eps := make([]*endpoint, 0, len(a.endpoints))
+	for _, ep := range a.endpoints {
+		eps = append(eps, ep)
+	}
+	return eps
+}
+
+func (a *App) endpointByKey(key string) *endpoint {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.endpoints[key]
+}
