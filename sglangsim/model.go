@@ -138,7 +138,6 @@ type Worker struct {
 	faults  Faults
 	handler http.Handler
 	nextID  atomic.Uint64
-	tic     atomic.Int64
 
 	mu       sync.Mutex
 	ranks    []*rank
