@@ -204,7 +204,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	}
 
 	var children []*child
-	defer func() { stopAll(children, o.grace) }()
+	defer func() {
+		if len(children) > 0 {
+			fmt.Fprintf(stdout, "\nStopped %s\n", strings.Join(stopAll(children, o.grace), ", "))
+		}
+	}()
 	fmt.Fprintf(stdout, "Starting %d simulated SGLang workers and Caddy (caddy run --config %s)\n", workers, config)
 	for i := range workers {
 		c, err := startChild(fmt.Sprintf("sim-%d", i), dir, o.sim, "-count", "1",
@@ -254,6 +258,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	var once sync.Once
 	started := time.Now()
 	progress := func(done, failed int) {
+		if ctx.Err() != nil {
+			return // an interrupt fails the requests in flight: not news
+		}
 		bar.update(done, failed)
 		if 2*done >= len(specs) {
 			once.Do(func() {
@@ -305,11 +312,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	printTable(stdout, rows, unknown)
 	fmt.Fprintln(stdout)
 	fmt.Fprint(stdout, <-midway)
-
-	fmt.Fprintln(stdout)
-	stopped := stopAll(children, o.grace)
-	children = nil
-	fmt.Fprintf(stdout, "Stopped %s\n", strings.Join(stopped, ", "))
 	if failed > 0 {
 		return fmt.Errorf("%d of %d requests failed; the first: %w", failed, len(results), firstErr)
 	}

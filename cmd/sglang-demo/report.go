@@ -16,50 +16,67 @@ import (
 	"github.com/caddy-sglang/caddy-sglang/sglangsim"
 )
 
-// progressBar draws the burst's progress: in place on a terminal, else one line per tenth.
+// progressBar draws the burst's progress: in place on a terminal (redrawn every 200ms, so the clock
+// runs while long requests finish), else one line per tenth.
 type progressBar struct {
 	w      io.Writer
 	tty    bool
 	total  int
 	start  time.Time
+	stop   chan struct{}
+	wg     sync.WaitGroup
 	mu     sync.Mutex
-	shown  int // tenths already printed (not a terminal)
-	last   time.Time
+	done   int
 	failed int
+	shown  int // tenths already printed (not a terminal)
 }
 
 func newProgressBar(w io.Writer, tty bool, total int) *progressBar {
-	return &progressBar{w: w, tty: tty, total: total, start: time.Now()}
+	p := &progressBar{w: w, tty: tty, total: total, start: time.Now(), stop: make(chan struct{})}
+	if tty {
+		p.wg.Go(func() {
+			t := time.NewTicker(200 * time.Millisecond)
+			defer t.Stop()
+			for {
+				select {
+				case <-t.C:
+					p.mu.Lock()
+					fmt.Fprintf(p.w, "\r%s", p.line())
+					p.mu.Unlock()
+				case <-p.stop:
+					return
+				}
+			}
+		})
+	}
+	return p
 }
 
 // update is called after every answer, from many goroutines.
 func (p *progressBar) update(done, failed int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.failed = failed
-	now := time.Now()
-	switch {
-	case p.tty && (done == p.total || now.Sub(p.last) >= 50*time.Millisecond):
-		p.last = now
-		fmt.Fprintf(p.w, "\r%s", p.line(done))
-	case !p.tty && done*10/p.total > p.shown:
-		p.shown = done * 10 / p.total
-		fmt.Fprintln(p.w, p.line(done))
+	p.done, p.failed = max(p.done, done), max(p.failed, failed)
+	if !p.tty && p.done*10/p.total > p.shown {
+		p.shown = p.done * 10 / p.total
+		fmt.Fprintln(p.w, p.line())
 	}
 }
 
-// finish ends the bar's line on a terminal.
+// finish draws the final state on a terminal and ends its line.
 func (p *progressBar) finish() {
+	close(p.stop)
+	p.wg.Wait()
 	if p.tty {
-		fmt.Fprintln(p.w)
+		fmt.Fprintf(p.w, "\r%s\n", p.line())
 	}
 }
 
-func (p *progressBar) line(done int) string {
+func (p *progressBar) line() string {
 	const width = 40
-	n := done * width / p.total
+	n := p.done * width / p.total
 	return fmt.Sprintf("[%s%s] %d/%d  failed %d  %.1fs", strings.Repeat("#", n), strings.Repeat(".", width-n),
-		done, p.total, p.failed, time.Since(p.start).Seconds())
+		p.done, p.total, p.failed, time.Since(p.start).Seconds())
 }
 
 // workerRow is one line of the table: what the client measured and what the worker reports.

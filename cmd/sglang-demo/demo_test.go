@@ -1,0 +1,296 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestMovePorts(t *testing.T) {
+	in := "# workers on 127.0.0.1:30000\n{\n\tadmin localhost:2019\n}\n:8080 {\n\treverse_proxy 127.0.0.1:30000 127.0.0.1:30001 # 127.0.0.1:30001\n}\n"
+	moves := map[string]string{
+		"localhost:2019":  "localhost:4019",
+		":8080":           ":4080",
+		"127.0.0.1:30000": "127.0.0.1:41000",
+		"127.0.0.1:30001": "127.0.0.1:41001",
+	}
+	got, err := movePorts(in, moves)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "# workers on 127.0.0.1:30000\n{\n\tadmin localhost:4019\n}\n:4080 {\n\treverse_proxy 127.0.0.1:41000 127.0.0.1:41001 # 127.0.0.1:30001\n}\n"
+	if got != want {
+		t.Fatalf("got\n%s\nwant\n%s", got, want)
+	}
+	moves["127.0.0.1:30002"] = "127.0.0.1:41002"
+	if _, err := movePorts(in, moves); err == nil || !strings.Contains(err.Error(), "127.0.0.1:30002") {
+		t.Fatalf("a missing address: %v", err)
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	o, err := parseFlags([]string{"-capacity", "1000, 2000,3000", "-decode-speed", "50,100,150.5", "-worker-port", "41000"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.capacities[1] != 2000 || o.speeds[2] != 150.5 || o.workerAddr(2) != "127.0.0.1:41002" || o.requests != 200 {
+		t.Fatalf("%+v", o)
+	}
+	for _, args := range [][]string{
+		{"-requests", "0"},
+		{"-concurrency", "0"},
+		{"-long", "1.5"},
+		{"-stream", "-0.1"},
+		{"-capacity", "1000,2000"},
+		{"-capacity", "1000,0,3000"},
+		{"-decode-speed", "1,x,3"},
+		{"-http-port", "30001"},
+		{"-admin-port", "8080"},
+		{"-worker-port", "65534"},
+		{"-grace", "0s"},
+		{"extra"},
+	} {
+		if _, err := parseFlags(args, io.Discard); err == nil {
+			t.Errorf("%q accepted", args)
+		}
+	}
+}
+
+func TestPlan(t *testing.T) {
+	specs := plan(50, 0.2, 0.3, 7)
+	var long, stream int
+	for _, s := range specs {
+		if s.long {
+			long++
+			if s.prompt < longPromptMin || s.maxTokens < longOutMin {
+				t.Errorf("long request %+v", s)
+			}
+		} else if s.prompt > shortPromptMax || s.maxTokens > shortOutMax {
+			t.Errorf("short request %+v", s)
+		}
+		stream += b2i(s.stream)
+	}
+	if long != 10 || stream != 15 {
+		t.Fatalf("%d long, %d streamed of 50; want 10 and 15", long, stream)
+	}
+}
+
+// TestDemo runs the demo the way `make demo` does, with fewer requests and on free loopback ports, and
+// checks its report and that every process it started is gone; then it interrupts a second run in the
+// middle of its burst, as Ctrl-C would. It builds Caddy and runs five processes, so it is skipped under
+// -short (and only then).
+func TestDemo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skipping the end-to-end demo (builds Caddy, runs processes)")
+	}
+	bin := t.TempDir()
+	buildCtx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	build := exec.CommandContext(buildCtx, "go", "build", "-o", bin+string(filepath.Separator),
+		"github.com/caddy-sglang/caddy-sglang/cmd/caddy",
+		"github.com/caddy-sglang/caddy-sglang/cmd/sglang-sim",
+		"github.com/caddy-sglang/caddy-sglang/cmd/sglang-demo")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+
+	t.Run("run", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+		defer cancel()
+		cmd, tmp := demoCommand(t, ctx, bin, "-requests", "30", "-concurrency", "8")
+		out, err := cmd.CombinedOutput()
+		t.Logf("demo output:\n%s", out)
+		if err != nil {
+			t.Fatalf("demo: %v", err)
+		}
+		assertNoSurvivors(t, bin)
+		text := string(out)
+		if !strings.Contains(text, "30 ok, 0 failed") {
+			t.Errorf("not every request succeeded")
+		}
+		// The table: a header and one row per worker, whose request counts add up to the burst.
+		if !strings.Contains(text, "\nworker  ") || !strings.Contains(text, "peak KV use") {
+			t.Errorf("no table header")
+		}
+		sum := 0
+		for i := range workers {
+			row := tableRow(text, workerAddrOf(cmd, i))
+			if row == nil {
+				t.Fatalf("no table row for worker %d", i)
+			}
+			n, err := strconv.Atoi(row[4])
+			if err != nil {
+				t.Fatalf("row %q: requests %q", row, row[4])
+			}
+			sum += n
+		}
+		if sum != 30 {
+			t.Errorf("the rows count %d requests, want 30", sum)
+		}
+		if !strings.Contains(text, "/sglang_load/workers") || !strings.Contains(text, "Admin API") {
+			t.Errorf("no admin API view")
+		}
+		if !strings.Contains(text, "Stopped caddy (exit status 0)") {
+			t.Errorf("caddy did not stop on SIGTERM")
+		}
+		if left, _ := os.ReadDir(tmp); len(left) > 0 {
+			t.Errorf("the demo left %d files in its temp dir", len(left))
+		}
+	})
+
+	t.Run("interrupted", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+		defer cancel()
+		cmd, _ := demoCommand(t, ctx, bin, "-requests", "200", "-concurrency", "8")
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// Interrupt once the progress bar shows answers: the burst is under way.
+		lines := make(chan string)
+		go func() {
+			defer close(lines)
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+		}()
+		var out strings.Builder
+		interrupted := false
+		for line := range lines {
+			out.WriteString(line + "\n")
+			if !interrupted && strings.HasPrefix(line, "[") {
+				if err := cmd.Process.Signal(os.Interrupt); err != nil {
+					t.Fatal(err)
+				}
+				interrupted = true
+			}
+		}
+		err = cmd.Wait()
+		t.Logf("demo output:\n%s%s", &out, &stderr)
+		if !interrupted {
+			t.Fatal("the burst never started")
+		}
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 130 {
+			t.Errorf("interrupted demo: %v, want exit status 130", err)
+		}
+		assertNoSurvivors(t, bin)
+		if !strings.Contains(out.String(), "Interrupted") || !strings.Contains(out.String(), "Stopped caddy") {
+			t.Errorf("no orderly stop after the interrupt")
+		}
+	})
+}
+
+// demoCommand returns the demo on free ports with the binaries in bin, and the temp dir it uses. Caddy's
+// config and data dirs are the test's own.
+func demoCommand(t *testing.T, ctx context.Context, bin string, args ...string) (*exec.Cmd, string) {
+	t.Helper()
+	tmp := t.TempDir()
+	args = append([]string{
+		"-caddy", filepath.Join(bin, "caddy"),
+		"-sim", filepath.Join(bin, "sglang-sim"),
+		"-config", filepath.Join("..", "..", "Caddyfile.example"),
+		"-http-port", strconv.Itoa(freePort(t)),
+		"-admin-port", strconv.Itoa(freePort(t)),
+		"-worker-port", strconv.Itoa(freePorts(t, workers)),
+		"-timeout", "90s",
+	}, args...)
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "sglang-demo"), args...)
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp, "XDG_CONFIG_HOME="+t.TempDir(), "XDG_DATA_HOME="+t.TempDir())
+	cmd.WaitDelay = 10 * time.Second
+	return cmd, tmp
+}
+
+// workerAddrOf is worker i's address in the demo command's arguments.
+func workerAddrOf(cmd *exec.Cmd, i int) string {
+	for j, a := range cmd.Args {
+		if a == "-worker-port" {
+			p, _ := strconv.Atoi(cmd.Args[j+1])
+			return net.JoinHostPort("127.0.0.1", strconv.Itoa(p+i))
+		}
+	}
+	return ""
+}
+
+// tableRow returns the fields of the worker table's row for addr (the admin view's rows are indented).
+func tableRow(text, addr string) []string {
+	for line := range strings.Lines(text) {
+		if strings.HasPrefix(line, addr+" ") {
+			return strings.Fields(line)
+		}
+	}
+	return nil
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// freePorts returns the first of n consecutive ports that are free on 127.0.0.1 right now.
+func freePorts(t *testing.T, n int) int {
+	t.Helper()
+	for range 100 {
+		base := freePort(t)
+		var ls []net.Listener
+		for i := range n {
+			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(base+i)))
+			if err != nil {
+				break
+			}
+			ls = append(ls, l)
+		}
+		for _, l := range ls {
+			l.Close()
+		}
+		if len(ls) == n {
+			return base
+		}
+	}
+	t.Fatalf("no %d consecutive free ports", n)
+	return 0
+}
+
+// assertNoSurvivors fails when a process runs a binary from dir: the demo must have stopped and reaped
+// every child it started. It reads the process table with ps, or from /proc where ps is not installed.
+func assertNoSurvivors(t *testing.T, dir string) {
+	t.Helper()
+	var procs []string
+	if out, err := exec.Command("ps", "-eo", "pid=,args=").Output(); err == nil {
+		procs = strings.Split(string(out), "\n")
+	} else {
+		cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		if len(cmdlines) == 0 {
+			t.Fatalf("no process table: ps: %v, and no /proc", err)
+		}
+		for _, f := range cmdlines {
+			b, _ := os.ReadFile(f)
+			procs = append(procs, filepath.Dir(f)+" "+strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	for _, p := range procs {
+		if strings.Contains(p, dir+string(filepath.Separator)) {
+			t.Errorf("process survived the demo: %s", strings.TrimSpace(p))
+		}
+	}
+}
