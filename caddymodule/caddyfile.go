@@ -75,6 +75,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //		interval       <duration>
 //		metric         auto|queued_tokens|token_usage|used_tokens|waiting|running
 //		choose         power_of_two|least
+//		inflight_correction on|off
 //		fallback       <policy> [<options...>]
 //	}
 func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -143,6 +144,20 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			p.Choose = v
+		case "inflight_correction":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			var on bool
+			switch v {
+			case "on", "true":
+				on = true
+			case "off", "false":
+			default:
+				return d.Errf("inflight_correction: want on or off, got %q", v)
+			}
+			p.InflightCorrection = &on
 		case "fallback":
 			if !d.NextArg() {
 				return d.ArgErr()

@@ -57,18 +57,25 @@ type Policy struct {
 	// least loaded of all). Default: power_of_two.
 	Choose string `json:"choose,omitempty"`
 
+	// Whether to count the proxy's own requests started since a worker's last report as load on it.
+	// Off compares workers on their reports alone, so between two polls every request goes to the
+	// worker that looked least loaded; it is there for benchmarks and diagnosis. Default: true (on).
+	InflightCorrection *bool `json:"inflight_correction,omitempty"`
+
 	// The selection policy used when no available upstream has fresh loads. Default: least_conn.
 	FallbackRaw json.RawMessage `json:"fallback,omitempty" caddy:"namespace=http.reverse_proxy.selection_policies inline_key=policy"`
 
 	fallback reverseproxy.Selector
 	metric   loadpolicy.Metric
 	choice   loadpolicy.Choice
+	noExtra  bool         // inflight_correction off
 	spec     endpointSpec // template for this group's endpoints; address set per upstream
 	app      *App
 	logger   *zap.Logger
 
 	mu        sync.Mutex                           // serialises registration
 	endpoints atomic.Pointer[map[string]*endpoint] // by upstream dial address; copy on write
+	index     atomic.Pointer[poolIndex]            // the static pool's endpoints by position
 	skipped   sync.Map                             // dial addresses that cannot be polled, logged once
 }
 
@@ -120,6 +127,7 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 			return err
 		}
 	}
+	p.index.Store(newPoolIndex(handler.Upstreams, *p.endpoints.Load()))
 	return nil
 }
 
@@ -155,6 +163,7 @@ func (p *Policy) parseOptions() error {
 	if p.choice, err = loadpolicy.ParseChoice(p.Choose); err != nil {
 		return fmt.Errorf("choose: %w", err)
 	}
+	p.noExtra = p.InflightCorrection != nil && !*p.InflightCorrection
 	return nil
 }
 
@@ -196,14 +205,21 @@ func (p *Policy) register(dial string) (*endpoint, error) {
 // Select picks an available upstream by load; see Policy.
 func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	eps := *p.endpoints.Load()
-	now := time.Now()
+	byIndex := p.index.Load().of(pool)
+	now := clock.Now()
 	idx, byLoad := loadpolicy.Choose(p.choice, p.metric, len(pool), func(i int) (loadpolicy.Candidate, bool) {
 		u := pool[i]
 		if !u.Available() {
 			return loadpolicy.Candidate{}, false
 		}
 		inflight := int64(u.NumRequests())
-		ep := eps[u.Dial]
+		var ep *endpoint
+		if byIndex != nil {
+			ep = byIndex[i]
+		}
+		if ep == nil {
+			ep = eps[u.Dial]
+		}
 		if ep == nil {
 			ep = p.registerLate(u.Dial)
 			if ep == nil {
@@ -211,7 +227,11 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 			}
 		}
 		ep.noteHost(u.Host)
-		return ep.candidate(now, inflight), true
+		c := ep.candidate(now, inflight)
+		if p.noExtra {
+			c.Extra = 0
+		}
+		return c, true
 	}, rand.IntN)
 	if byLoad {
 		metrics.selectedByLoad.Inc()
@@ -249,6 +269,7 @@ func (p *Policy) Cleanup() error {
 	p.mu.Lock()
 	eps := p.endpoints.Load()
 	p.endpoints.Store(&map[string]*endpoint{})
+	p.index.Store(nil)
 	p.mu.Unlock()
 	if eps != nil {
 		for dial, ep := range *eps {

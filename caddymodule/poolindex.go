@@ -1,0 +1,27 @@
+package caddymodule
+
+import "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+// poolIndex holds the endpoint of each upstream of the reverse proxy's static pool, by position:
+// the proxy passes that same slice to Select on every request, so Select finds an upstream's
+// endpoint by its index instead of hashing its dial address. Dynamic pools use the map.
+type poolIndex struct {
+	pool reverseproxy.UpstreamPool
+	eps  []*endpoint // nil where the upstream has no endpoint (a placeholder address)
+}
+
+func newPoolIndex(pool reverseproxy.UpstreamPool, byDial map[string]*endpoint) *poolIndex {
+	x := &poolIndex{pool: pool, eps: make([]*endpoint, len(pool))}
+	for i, u := range pool {
+		x.eps[i] = byDial[u.Dial]
+	}
+	return x
+}
+
+// of returns the endpoints by position when pool is the indexed slice itself, else nil.
+func (x *poolIndex) of(pool reverseproxy.UpstreamPool) []*endpoint {
+	if x == nil || len(pool) == 0 || len(pool) != len(x.pool) || &pool[0] != &x.pool[0] {
+		return nil
+	}
+	return x.eps
+}

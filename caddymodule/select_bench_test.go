@@ -1,0 +1,74 @@
+package caddymodule_test
+
+import (
+	"fmt"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/caddy-sglang/caddy-sglang/caddymodule"
+	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
+)
+
+// benchPool is n healthy upstreams, built the way Caddy's own selection policy tests build theirs.
+func benchPool(n int) reverseproxy.UpstreamPool {
+	pool := make(reverseproxy.UpstreamPool, n)
+	for i := range pool {
+		pool[i] = &reverseproxy.Upstream{Host: new(reverseproxy.Host), Dial: fmt.Sprintf("10.0.%d.%d:30000", i/256, i%256)}
+	}
+	return pool
+}
+
+// benchReport is a current-shape report of one DP rank whose load varies with i, so that comparisons
+// are decided on the most precise signal rather than on ties.
+func benchReport(i int) *loadpolicy.Report {
+	const all = loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldWaitingUncachedTokens |
+		loadpolicy.FieldUsedTokens | loadpolicy.FieldTotalTokens | loadpolicy.FieldMaxTotalTokens |
+		loadpolicy.FieldMaxRunning | loadpolicy.FieldTokenUsage | loadpolicy.FieldGenThroughput
+	used := int64(1000 + (i*7919)%60000)
+	waiting := int64(i % 5)
+	return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{{
+		Running: 1 + int64(i%40), Waiting: waiting, WaitingUncachedTokens: waiting * 700, UsedTokens: used,
+		TotalTokens: used + waiting*700, MaxTotalTokens: 65536, MaxRunning: 64,
+		TokenUsage: float64(used) / 65536, GenThroughput: 800, Fields: all,
+	}})
+}
+
+// BenchmarkSelect compares the sglang_load policy's Select with Caddy's built-in policies on the same
+// pools. Run with -benchmem; bench/microbench.sh prints the ratios to least_conn.
+func BenchmarkSelect(b *testing.B) {
+	req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+	for _, n := range []int{4, 64, 1024} {
+		pool := benchPool(n)
+		selectors := []struct {
+			name string
+			sel  reverseproxy.Selector
+		}{
+			{"least_conn", reverseproxy.LeastConnSelection{}},
+			{"random_choose_2", reverseproxy.RandomChoiceSelection{Choose: 2}},
+			{"round_robin", new(reverseproxy.RoundRobinSelection)},
+		}
+		for _, choose := range []string{"power_of_two", "least"} {
+			p := &caddymodule.Policy{Choose: choose}
+			if err := caddymodule.ProvisionWithReports(p, pool, benchReport); err != nil {
+				b.Fatal(err)
+			}
+			selectors = append(selectors, struct {
+				name string
+				sel  reverseproxy.Selector
+			}{"sglang_load_" + choose, p})
+		}
+		for _, s := range selectors {
+			b.Run(fmt.Sprintf("n=%d/%s", n, s.name), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					if s.sel.Select(pool, req, nil) == nil {
+						b.Fatal("no upstream selected")
+					}
+				}
+			})
+		}
+	}
+}
