@@ -190,7 +190,8 @@ func ptr[T any](p *T) any {
 func TestAdminShowsHungWorkerStale(t *testing.T) {
 	busy, mid, idle := threeWorkers(t)
 	tester := caddytest.NewTester(t)
-	tester.InitServer(caddyfile("interval 100ms\n\t\ttimeout 100ms\n\t\tstale_after 300ms", "", busy, mid, idle), "caddyfile")
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	tester.InitServer(withDebugLog(caddyfile("interval 100ms\n\t\ttimeout 100ms\n\t\tstale_after 300ms", "", busy, mid, idle), logFile), "caddyfile")
 	waitWorkers(t, 10*time.Second, "every worker polled", polledOK, busy, mid, idle)
 
 	mid.hanging.Store(true)
@@ -211,6 +212,54 @@ func TestAdminShowsHungWorkerStale(t *testing.T) {
 	if n := metricValue(t, scrape(t), "caddy_sglang_load_polls_total", "endpoint", "http://"+mid.addr(), "result", "timeout"); n < 1 {
 		t.Errorf("polls_total{result=timeout} of the hung worker = %v, want >= 1", n)
 	}
+	waitLog(t, logFile, "the stale event", `"name":"sglang_load_stale"`, `"endpoint":"http://`+mid.addr()+`"`)
+
+	// Enough failed polls that a line per poll would show.
+	waitWorkers(t, 10*time.Second, "6 failed polls", func(w worker) bool { return w.PollsFailed >= 6 }, mid)
+	mid.hanging.Store(false)
+	waitWorkers(t, 10*time.Second, "recovered worker fresh", polledOK, mid)
+	logs := waitLog(t, logFile, "the recovered event", `"name":"sglang_load_recovered"`, `"endpoint":"http://`+mid.addr()+`"`)
+	// One line per state change, not one per failed poll.
+	var changes int
+	for _, line := range strings.Split(logs, "\n") {
+		if strings.Contains(line, `"msg":"worker load state changed"`) && strings.Contains(line, mid.addr()) {
+			changes++
+		}
+	}
+	// missing -> fresh, fresh/ok -> fresh/timeout (unless the first failure ends past stale_after),
+	// fresh -> stale, stale -> fresh/ok.
+	if changes < 3 || changes > 4 {
+		t.Errorf("%d state-change lines for the hung worker over 6 failed polls, want 3 or 4:\n%s", changes, logs)
+	}
+}
+
+// withDebugLog adds a global log block that writes debug lines to path.
+func withDebugLog(cfg, path string) string {
+	return strings.Replace(cfg, "skip_install_trust\n", fmt.Sprintf("skip_install_trust\n\tlog {\n\t\toutput file %s\n\t\tlevel DEBUG\n\t}\n", path), 1)
+}
+
+// waitLog waits until one line of the log file holds every one of parts, and returns the file.
+func waitLog(t *testing.T, path, what string, parts ...string) string {
+	t.Helper()
+	var logs string
+	eventually(t, 10*time.Second, func() bool {
+		b, err := os.ReadFile(path)
+		logs = string(b)
+		if err != nil {
+			return false
+		}
+	lines:
+		for _, line := range strings.Split(logs, "\n") {
+			for _, p := range parts {
+				if !strings.Contains(line, p) {
+					continue lines
+				}
+			}
+			return true
+		}
+		return false
+	}, "log line: %s", what)
+	return logs
 }
 
 func TestAdminRefreshAndMethods(t *testing.T) {
