@@ -290,9 +290,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	}
 	var unknown, failed int
 	var firstErr error
+	failedAt := make(map[string]int) // by the worker that answered
 	for _, r := range results {
 		if r.err != nil {
 			failed++
+			failedAt[r.upstream]++
 			if firstErr == nil {
 				firstErr = r.err
 			}
@@ -309,6 +311,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	}
 	fmt.Fprintf(stdout, "\n%d ok, %d failed in %.1fs (latency: from sending the request to the last token)\n\n",
 		len(results)-failed, failed, elapsed.Seconds())
+	if failed > 0 {
+		var where []string
+		rest := failed
+		for _, r := range rows {
+			if n := failedAt[r.addr]; n > 0 {
+				where = append(where, fmt.Sprintf("%d answered by %s", n, r.addr))
+				rest -= n
+			}
+		}
+		if rest > 0 {
+			where = append(where, fmt.Sprintf("%d with no worker's answer", rest))
+		}
+		fmt.Fprintf(stdout, "failed: %s\n\n", strings.Join(where, ", "))
+	}
 	printTable(stdout, rows, unknown)
 	fmt.Fprintln(stdout)
 	fmt.Fprint(stdout, <-midway)
