@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// caddyProc is a bin/caddy process running one generated Caddyfile, with its admin API and its site on
+// free loopback ports and its data and config folders in a temporary folder of its own.
+type caddyProc struct {
+	cmd       *exec.Cmd
+	dir       string
+	admin     string // host:port of the admin API
+	SiteURL   string
+	exited    chan struct{}
+	waitError error
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// startCaddy writes the Caddyfile that caddyfile(adminAddr, sitePort) returns and runs Caddy on it,
+// returning once the admin API answers. Its log goes to logw.
+func startCaddy(ctx context.Context, binary string, caddyfile func(admin string, port int) string, logw io.Writer) (*caddyProc, error) {
+	adminPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	sitePort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "sglang-bench-caddy-")
+	if err != nil {
+		return nil, err
+	}
+	p := &caddyProc{dir: dir, admin: fmt.Sprintf("127.0.0.1:%d", adminPort), SiteURL: fmt.Sprintf("http://127.0.0.1:%d", sitePort),
+		exited: make(chan struct{})}
+	file := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(file, []byte(caddyfile(p.admin, sitePort)), 0o600); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	p.cmd = exec.Command(binary, "run", "--config", file, "--adapter", "caddyfile")
+	p.cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir, "HOME="+dir)
+	p.cmd.Stdout, p.cmd.Stderr = logw, logw
+	if err := p.cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("starting %s: %w", binary, err)
+	}
+	go func() {
+		p.waitError = p.cmd.Wait()
+		close(p.exited)
+	}()
+	err = pollUntil(ctx, 20*time.Second, func() (bool, error) {
+		select {
+		case <-p.exited:
+			return false, fmt.Errorf("caddy exited: %v", p.waitError)
+		default:
+		}
+		resp, err := http.Get("http://" + p.admin + "/config/")
+		if err != nil {
+			return false, nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	if err != nil {
+		p.Stop()
+		return nil, err
+	}
+	return p, nil
+}
+
+// waitFresh waits until the sglang_load admin API shows n workers with a fresh report.
+func (p *caddyProc) waitFresh(ctx context.Context, n int) error {
+	return pollUntil(ctx, 20*time.Second, func() (bool, error) {
+		resp, err := http.Get("http://" + p.admin + "/sglang_load/workers")
+		if err != nil {
+			return false, nil
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.Count(string(b), `"state":"fresh"`) >= n, nil
+	})
+}
+
+// Stop interrupts Caddy, kills it if it has not exited within 10s, and removes its folder.
+func (p *caddyProc) Stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+	os.RemoveAll(p.dir)
+}
+
+// pollUntil calls check every 50ms until it returns true or an error, ctx ends or timeout passes.
+func pollUntil(ctx context.Context, timeout time.Duration, check func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		ok, err := check()
+		if err != nil || ok {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not ready within %s", timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
