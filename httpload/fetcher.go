@@ -3,6 +3,7 @@
 package httpload
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -45,9 +46,8 @@ type Config struct {
 
 // Fetcher polls one worker's load. It is safe for concurrent use.
 type Fetcher struct {
-	loadURL   string
-	legacyURL string
-	apiKey    string
+	loads     endpoint // /v1/loads?include=core
+	getLoad   endpoint // /get_load
 	client    *http.Client
 	ownClient bool
 	maxBody   int64
@@ -87,14 +87,17 @@ func New(cfg Config) (*Fetcher, error) {
 		return nil, errors.New("tls config: cannot be combined with a client: set it on the client's transport")
 	}
 	f := &Fetcher{
-		apiKey:  cfg.APIKey,
 		client:  cfg.Client,
 		maxBody: cfg.MaxBody,
 	}
 	loads := u.JoinPath("v1", "loads")
 	loads.RawQuery = "include=core"
-	f.loadURL = loads.String()
-	f.legacyURL = u.JoinPath("get_load").String()
+	if f.loads, err = newEndpoint(loads.String(), cfg.APIKey); err != nil {
+		return nil, err
+	}
+	if f.getLoad, err = newEndpoint(u.JoinPath("get_load").String(), cfg.APIKey); err != nil {
+		return nil, err
+	}
 	if f.maxBody == 0 {
 		f.maxBody = DefaultMaxBody
 	}
@@ -105,6 +108,25 @@ func New(cfg Config) (*Fetcher, error) {
 		f.ownClient = true
 	}
 	return f, nil
+}
+
+// endpoint is one URL a Fetcher asks. Its request is built once and sent with each poll's context, so
+// a poll parses no URL and builds no header map; requests are only read, so concurrent polls share it.
+type endpoint struct {
+	url string
+	req *http.Request
+}
+
+func newEndpoint(u, apiKey string) (endpoint, error) {
+	req, err := http.NewRequest(http.MethodGet, u, nil)
+	if err != nil {
+		return endpoint{}, fmt.Errorf("request %s: %w", u, err)
+	}
+	req.Header.Set("Accept", "application/json")
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+	}
+	return endpoint{url: u, req: req}, nil
 }
 
 // newTransport is the default client's transport: a handful of connections to one worker, and no
@@ -125,7 +147,7 @@ func newTransport() *http.Transport {
 }
 
 // URL returns the load URL asked, e.g. http://127.0.0.1:30000/v1/loads?include=core.
-func (f *Fetcher) URL() string { return f.loadURL }
+func (f *Fetcher) URL() string { return f.loads.url }
 
 // Legacy reports whether the worker was last seen serving only the deprecated /get_load.
 func (f *Fetcher) Legacy() bool {
@@ -146,7 +168,7 @@ func (f *Fetcher) Close() error {
 // *TooLargeError, or wrap the transport's error (e.g. context.DeadlineExceeded).
 func (f *Fetcher) Fetch(ctx context.Context) (*loadpolicy.Report, error) {
 	if f.skipProbe() {
-		rep, err := f.get(ctx, f.legacyURL, DecodeLegacyLoads)
+		rep, err := f.get(ctx, f.getLoad, DecodeLegacyLoads)
 		if !isNotFound(err) {
 			return rep, err
 		}
@@ -177,14 +199,14 @@ func (f *Fetcher) setLegacy(legacy bool) {
 }
 
 func (f *Fetcher) fetchLoads(ctx context.Context) (*loadpolicy.Report, error) {
-	rep, err := f.get(ctx, f.loadURL, DecodeLoads)
+	rep, err := f.get(ctx, f.loads, DecodeLoads)
 	if !isNotFound(err) {
 		if err == nil {
 			f.setLegacy(false)
 		}
 		return rep, err
 	}
-	legacyRep, legacyErr := f.get(ctx, f.legacyURL, DecodeLegacyLoads)
+	legacyRep, legacyErr := f.get(ctx, f.getLoad, DecodeLegacyLoads)
 	switch {
 	case legacyErr == nil:
 		f.setLegacy(true)
@@ -200,16 +222,15 @@ func (f *Fetcher) fetchLoads(ctx context.Context) (*loadpolicy.Report, error) {
 
 type decodeFunc func(body []byte, received time.Time) (*loadpolicy.Report, error)
 
-func (f *Fetcher) get(ctx context.Context, u string, decode decodeFunc) (*loadpolicy.Report, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return nil, fmt.Errorf("request %s: %w", u, err)
-	}
-	req.Header.Set("Accept", "application/json")
-	if f.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+f.apiKey)
-	}
-	resp, err := f.client.Do(req)
+// bodyBufs holds response buffers across polls; a poll's body is decoded before its buffer returns.
+var bodyBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// maxPooledBody is the largest buffer kept for reuse, so one oversized answer does not stay pinned.
+const maxPooledBody = 64 << 10
+
+func (f *Fetcher) get(ctx context.Context, e endpoint, decode decodeFunc) (*loadpolicy.Report, error) {
+	u := e.url
+	resp, err := f.client.Do(e.req.WithContext(ctx))
 	if err != nil {
 		var urlErr *url.Error
 		if errors.As(err, &urlErr) {
@@ -226,14 +247,20 @@ func (f *Fetcher) get(ctx context.Context, u string, decode decodeFunc) (*loadpo
 	if resp.ContentLength > f.maxBody {
 		return nil, &TooLargeError{Limit: f.maxBody, URL: u}
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, f.maxBody+1))
-	if err != nil {
+	buf := bodyBufs.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= maxPooledBody {
+			buf.Reset()
+			bodyBufs.Put(buf)
+		}
+	}()
+	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, f.maxBody+1)); err != nil {
 		return nil, fmt.Errorf("read load response from %s: %w", u, err)
 	}
-	if int64(len(body)) > f.maxBody {
+	if int64(buf.Len()) > f.maxBody {
 		return nil, &TooLargeError{Limit: f.maxBody, URL: u}
 	}
-	rep, err := decode(body, time.Now())
+	rep, err := decode(buf.Bytes(), time.Now())
 	if err != nil {
 		if de, ok := err.(*DecodeError); ok {
 			de.URL = u

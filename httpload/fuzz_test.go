@@ -2,6 +2,8 @@ package httpload
 
 import (
 	"errors"
+	"fmt"
+	"reflect"
 	"testing"
 
 	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
@@ -16,6 +18,11 @@ func FuzzDecodeLoads(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		rep, err := DecodeLoads(body, received)
 		checkFuzzResult(t, rep, err)
+		// The fast path must decode exactly as encoding/json does.
+		want, wantErr := decodeLoadsJSON(body, received)
+		if fmt.Sprint(err) != fmt.Sprint(wantErr) || !reflect.DeepEqual(rep, want) {
+			t.Fatalf("DecodeLoads = %+v, %v; encoding/json alone = %+v, %v", rep, err, want, wantErr)
+		}
 	})
 }
 

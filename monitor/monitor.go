@@ -210,17 +210,18 @@ func closeFetcher(p *poller) {
 const failingSlowdown = 3
 
 func (m *Monitor) loop(ctx context.Context, p *poller) {
+	// One timer per poller, reset for each wait: a fleet of pollers would otherwise make a timer per poll.
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
 	for {
 		failures := m.poll(ctx, p.target)
 		wait := time.Duration(p.interval.Load())
 		if failures >= failingSlowdown {
 			wait *= 2
 		}
-		wait = jitter(wait, m.opts.Jitter)
-		timer := time.NewTimer(wait)
+		timer.Reset(jitter(wait, m.opts.Jitter))
 		select {
 		case <-ctx.Done():
-			timer.Stop()
 			return
 		case <-timer.C:
 		}
