@@ -214,3 +214,18 @@ func TestFailingEndpointSlowsDownAndRecovers(t *testing.T) {
 		t.Fatalf("after recovery = %+v", s)
 	}
 }
+
+// Waits end on the wake-up grid: moved by at most half a slot, never negative.
+func TestWaitsLandOnTheGrid(t *testing.T) {
+	m := New(Options{})
+	const grid = 20 * time.Millisecond
+	for _, d := range []time.Duration{0, time.Millisecond, 7 * time.Millisecond, 900 * time.Millisecond, 1234567 * time.Microsecond} {
+		got := m.onGrid(d, grid)
+		if got < 0 || got-d > grid/2 || d-got > grid/2 {
+			t.Errorf("onGrid(%s, %s) = %s, want within %s of it and >= 0", d, grid, got, grid/2)
+		}
+	}
+	if got := m.onGrid(time.Second, 0); got != time.Second {
+		t.Errorf("onGrid with no grid = %s, want the wait unchanged", got)
+	}
+}
