@@ -35,7 +35,8 @@ type Config struct {
 	URL string
 	// APIKey, when set, is sent as "Authorization: Bearer <key>". It never appears in errors.
 	APIKey string
-	// Client sends the requests. Default: a client of this Fetcher's own, which never uses a proxy.
+	// Client sends the requests. Default: a client of this Fetcher's own, which never uses a proxy and
+	// never follows a redirect.
 	Client *http.Client
 	// TLS configures the default client's TLS for an https URL; nil means Go's defaults (verify against
 	// the system roots). It cannot be combined with Client, whose transport has its own.
@@ -104,11 +105,15 @@ func New(cfg Config) (*Fetcher, error) {
 	if f.client == nil {
 		t := newTransport()
 		t.TLSClientConfig = cfg.TLS
-		f.client = &http.Client{Transport: t}
+		f.client = &http.Client{Transport: t, CheckRedirect: noRedirects}
 		f.ownClient = true
 	}
 	return f, nil
 }
+
+// noRedirects makes a redirect an error status: only the configured address is polled, and the API
+// key is never sent to an address a worker names.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // endpoint is one URL a Fetcher asks. Its request is built once and sent with each poll's context, so
 // a poll parses no URL and builds no header map; requests are only read, so concurrent polls share it.
