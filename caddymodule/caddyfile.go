@@ -73,7 +73,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //		load_tls_insecure_skip_verify
 //		api_key        <token>
 //		interval       <duration>
-//		metric         auto|queued_tokens|token_usage|used_tokens|waiting|running
+//		metric         auto|queued_tokens|token_latency|token_usage|used_tokens|waiting|running
 //		choose         power_of_two|least
 //		inflight_correction on|off
 //		fallback       <policy> [<options...>]

@@ -50,7 +50,7 @@ type Policy struct {
 	Interval caddy.Duration `json:"interval,omitempty"`
 
 	// Which signal to compare: auto (the most precise signal both upstreams report), queued_tokens,
-	// token_usage, used_tokens, waiting or running. Default: auto.
+	// token_latency, token_usage, used_tokens, waiting or running. Default: auto.
 	Metric string `json:"metric,omitempty"`
 
 	// How to pick: power_of_two (compare two random upstreams, take the less loaded) or least (the

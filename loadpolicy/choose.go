@@ -23,7 +23,9 @@ func Compare(a, b *Candidate, set SignalSet) int {
 			if !set.Has(s) {
 				continue
 			}
-			if c := compareFloat(a.Signals.Score(s, a.Extra), b.Signals.Score(s, b.Extra)); c != 0 {
+			// Each score counts the request being placed: the load it would join, so a small worker
+			// does not win a tie at equal load when one more request weighs more on it.
+			if c := compareFloat(a.Signals.Score(s, a.Extra+1), b.Signals.Score(s, b.Extra+1)); c != 0 {
 				return c
 			}
 		}

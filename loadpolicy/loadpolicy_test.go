@@ -59,7 +59,29 @@ func TestSignals(t *testing.T) {
 		{
 			name:  "all core fields",
 			ranks: []Rank{rank(10, 4, 2000, 40000, 100000, 0.4, 500)},
-			want:  map[Signal]float64{QueuedTokens: 4, TokenUsage: 0.4, UsedTokens: 40000, Waiting: 4, Running: 10},
+			want:  map[Signal]float64{QueuedTokens: 4, TokenLatency: 0.02, TokenUsage: 0.4, UsedTokens: 40000, Waiting: 4, Running: 10},
+		},
+		{
+			name:  "token latency: running over the throughput summed over ranks",
+			ranks: []Rank{rank(6, 0, 0, 10, 100, 0.1, 100), rank(2, 0, 0, 10, 100, 0.1, 300)},
+			want:  map[Signal]float64{TokenLatency: 0.02, Running: 8},
+		},
+		{
+			name:  "just drained: no running request, decoded lately",
+			ranks: []Rank{rank(0, 0, 0, 0, 100, 0, 50)},
+			want:  map[Signal]float64{TokenLatency: 0},
+		},
+		{
+			name:  "idle for a while: no throughput, no latency",
+			ranks: []Rank{rank(0, 0, 0, 0, 100, 0, 0)},
+			want:  map[Signal]float64{TokenUsage: 0, Running: 0},
+			lacks: []Signal{TokenLatency},
+		},
+		{
+			name:  "no gen_throughput field: no latency",
+			ranks: []Rank{{Running: 4, UsedTokens: 10, Fields: FieldRunning | FieldUsedTokens}},
+			want:  map[Signal]float64{Running: 4},
+			lacks: []Signal{TokenLatency},
 		},
 		{
 			name:  "hottest rank, not the average",
@@ -87,7 +109,7 @@ func TestSignals(t *testing.T) {
 		},
 		{
 			name:  "no ranks: no signals",
-			lacks: []Signal{QueuedTokens, TokenUsage, UsedTokens, Waiting, Running},
+			lacks: []Signal{QueuedTokens, TokenLatency, TokenUsage, UsedTokens, Waiting, Running},
 		},
 	}
 	for _, tt := range tests {
@@ -122,6 +144,14 @@ func TestInflightCorrectionCosts(t *testing.T) {
 	if got := s.Score(QueuedTokens, 1); math.Abs(got-15) > 1e-9 {
 		t.Errorf("queued with 1 extra = %v, want 15", got)
 	}
+	// 10 running at 100 tokens/s: 0.1 s per token, and one more request shares the same 100 tokens/s.
+	if got := s.Score(TokenLatency, 5); math.Abs(got-0.15) > 1e-9 {
+		t.Errorf("token latency with 5 extra = %v, want 0.15", got)
+	}
+	drained := NewReport(time.Now(), "", []Rank{rank(0, 0, 0, 0, 100000, 0, 50)}).Signals()
+	if got := drained.Score(TokenLatency, 2); math.Abs(got-0.04) > 1e-9 {
+		t.Errorf("token latency of a drained worker with 2 extra = %v, want 0.04", got)
+	}
 	idle := NewReport(time.Now(), "", []Rank{rank(0, 0, 0, 0, 100000, 0, 0)}).Signals()
 	if idle.Cost[TokenUsage] <= 0 {
 		t.Error("an idle worker must still price extra requests, or it would draw every request until the next poll")
@@ -131,6 +161,22 @@ func TestInflightCorrectionCosts(t *testing.T) {
 func cand(usage float64, waiting int64, extra, inflight int64) Candidate {
 	return Candidate{Signals: NewReport(time.Now(), "", []Rank{rank(1, waiting, 0, int64(usage*1000), 1000, usage, 1)}).Signals(),
 		Extra: extra, Inflight: inflight}
+}
+
+// decoding is a candidate with running requests decoding at throughput tokens/s in total.
+func decoding(usage float64, running int64, throughput float64, extra ...int64) Candidate {
+	c := Candidate{Signals: NewReport(time.Now(), "", []Rank{rank(running, 0, 0, int64(usage*1000), 1000, usage, throughput)}).Signals()}
+	for _, e := range extra {
+		c.Extra += e
+	}
+	return c
+}
+
+// idleWorker is a candidate whose report shows nothing running, with room for maxRunning requests.
+func idleWorker(maxRunning int64) Candidate {
+	rk := rank(0, 0, 0, 0, 1000*maxRunning, 0, 0)
+	rk.MaxRunning = maxRunning
+	return Candidate{Signals: NewReport(time.Now(), "", []Rank{rk}).Signals()}
 }
 
 func TestCompare(t *testing.T) {
@@ -147,6 +193,9 @@ func TestCompare(t *testing.T) {
 		{"full tie broken by in-flight", cand(0.5, 1, 0, 2), cand(0.5, 1, 0, 1), MetricAuto.set, 1},
 		{"exact tie", cand(0.5, 1, 0, 1), cand(0.5, 1, 0, 1), MetricAuto.set, 0},
 		{"missing loads: in-flight only", Candidate{Inflight: 1}, cand(0.9, 9, 0, 3), MetricAuto.set, -1},
+		{"slow worker loses although its pool is emptier", decoding(0.1, 4, 100), decoding(0.5, 20, 1600), MetricAuto.set, 1},
+		{"fast worker loses once extra requests slow it down", decoding(0.5, 20, 1600, 60), decoding(0.1, 4, 100), MetricAuto.set, 1},
+		{"idle workers: the one a request weighs less on wins", idleWorker(16), idleWorker(64), MetricAuto.set, 1},
 		{"nothing in common: in-flight only", oldServer, cand(0.9, 9, 0, 3), 1 << TokenUsage, -1},
 	}
 	for _, tt := range tests {
@@ -229,7 +278,7 @@ func TestPowerOfTwoNeverPicksTheWorst(t *testing.T) {
 }
 
 func TestParse(t *testing.T) {
-	for _, name := range []string{"", "auto", "queued_tokens", "token_usage", "used_tokens", "waiting", "running"} {
+	for _, name := range []string{"", "auto", "queued_tokens", "token_latency", "token_usage", "used_tokens", "waiting", "running"} {
 		if _, err := ParseMetric(name); err != nil {
 			t.Errorf("ParseMetric(%q): %v", name, err)
 		}

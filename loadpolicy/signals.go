@@ -13,6 +13,9 @@ type Signal uint8
 const (
 	// QueuedTokens is the queued prompt work in seconds: uncached waiting tokens over decode throughput.
 	QueuedTokens Signal = iota
+	// TokenLatency is the decode time per output token a new request would see, in seconds: running
+	// requests over decode throughput. It tells a slow worker from a fast one where usage cannot.
+	TokenLatency
 	// TokenUsage is the KV-pool usage of the hottest DP rank (0..1).
 	TokenUsage
 	// UsedTokens is the number of KV tokens in use, summed over ranks.
@@ -24,7 +27,7 @@ const (
 	numSignals
 )
 
-var signalNames = [numSignals]string{"queued_tokens", "token_usage", "used_tokens", "waiting", "running"}
+var signalNames = [numSignals]string{"queued_tokens", "token_latency", "token_usage", "used_tokens", "waiting", "running"}
 
 func (s Signal) String() string {
 	if s < numSignals {
@@ -85,6 +88,12 @@ func deriveSignals(r *Report, usageKnown bool) Signals {
 			queuedPerRequest = float64(r.WaitingUncachedTokens) / float64(r.Waiting)
 		}
 		s.set(QueuedTokens, float64(r.WaitingUncachedTokens)/throughput, queuedPerRequest/throughput)
+	}
+	// Throughput measures a worker's speed only when it decoded lately: a worker idle for a while
+	// offers no latency rather than a free zero that would draw every request until its next report.
+	if has(FieldRunning|FieldGenThroughput) && r.GenThroughput > 0 {
+		// One more request shares the same throughput: priced as if the worker were throughput-bound.
+		s.set(TokenLatency, float64(r.Running)/r.GenThroughput, 1/r.GenThroughput)
 	}
 	if usageKnown && (has(FieldTokenUsage) || has(FieldUsedTokens|FieldMaxTotalTokens)) {
 		var cost float64
