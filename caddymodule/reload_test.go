@@ -65,10 +65,10 @@ func settledGoroutines() int {
 	return runtime.NumGoroutine()
 }
 
-// closingWorker is a testWorker that closes the connection of every proxied request. Caddy keeps the
-// idle upstream connections of a replaced config open until their idle timeout, whatever the selection
-// policy (measured with least_conn: one connection, three goroutines per reload); closing them here
-// keeps the goroutine count about this plugin.
+// closingWorker is a testWorker that closes the connection of every proxied request. Caddy leaves an
+// idle upstream connection of a replaced config open after the reload, whatever the selection policy
+// (measured with least_conn: three goroutines more per reload); closing them here keeps the goroutine
+// count about this plugin.
 func closingWorker(t *testing.T, name string, tokenUsage float64, waiting int) *testWorker {
 	t.Helper()
 	w := &testWorker{name: name, release: make(chan struct{})}
