@@ -26,6 +26,10 @@ type sharedState struct {
 	// down is set when a sglang_load_stale event was emitted and no sglang_load_recovered since; shared,
 	// so that the old and the new config of a reload emit each event once.
 	down atomic.Bool
+	// unreachable is set while the last poll found nobody answering (refused, reset): the last report
+	// then describes a worker that is gone, and routing on it until it goes stale would send requests
+	// to a dead address. A worker that is only slow to answer keeps its report until stale_after.
+	unreachable atomic.Bool
 }
 
 func (*sharedState) Destruct() error { return nil }
@@ -74,6 +78,9 @@ type endpoint struct {
 
 // fresh returns the endpoint's report if it is usable at now, or nil if missing, empty or stale.
 func (ep *endpoint) fresh(now time.Time) *loadpolicy.Report {
+	if ep.state.unreachable.Load() {
+		return nil
+	}
 	rep := ep.state.Load().Fresh(now, time.Duration(ep.staleness.Load()))
 	if rep.Empty() {
 		return nil

@@ -182,3 +182,25 @@ func TestReloadKeepsLastLoads(t *testing.T) {
 		t.Fatalf("after reload, least-loaded got %d of 100: %v", counts["idle"], counts)
 	}
 }
+
+// A worker that vanishes looks least loaded in its last report; once a poll finds nobody answering,
+// that report no longer counts, so requests stop going to the dead address even without Caddy's
+// retries (lb_try_duration) or health checks.
+func TestVanishedWorkerLosesItsReport(t *testing.T) {
+	busy, mid, idle := threeWorkers(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(caddyfile("interval 100ms\n\t\tstale_after 1m", "choose least", busy, mid, idle), "caddyfile")
+	waitPolls(t, 2, busy, mid, idle)
+	if c := sendRequests(t, proxyURL, 10); c["idle"] != 10 {
+		t.Fatalf("before: %v, want all on idle", c)
+	}
+
+	idle.srv.Close()
+	waitWorkers(t, 10*time.Second, "the vanished worker unreachable", func(v worker) bool {
+		return v.LastErrorResult == "unavailable"
+	}, idle)
+	// sendRequests fails the test on any non-200: a request routed to the dead address answers 502.
+	if c := sendRequests(t, proxyURL, 50); c["mid"] < 45 {
+		t.Errorf("after the worker vanished: %v, want the next least loaded to take >= 45 of 50", c)
+	}
+}

@@ -213,6 +213,7 @@ func (a *App) observePoll(key string, prev, next *monitor.Snapshot, took time.Du
 	if ep == nil {
 		return // unregistered while the poll ran
 	}
+	ep.state.unreachable.Store(result == resultUnavailable)
 	staleAfter := time.Duration(ep.staleness.Load())
 	from, to := healthAt(prev, staleAfter), healthAt(next, staleAfter)
 	if from == to {
