@@ -161,17 +161,6 @@ func (m *Monitor) Close() {
 	}
 }
 
-// Keys returns the registered endpoint keys.
-func (m *Monitor) Keys() []string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	keys := make([]string, 0, len(m.pollers))
-	for k := range m.pollers {
-		keys = append(keys, k)
-	}
-	return keys
-}
-
 // Refresh polls every registered endpoint now, concurrently, and returns when all polls have
 // answered or ctx is done. It works on a monitor that is not started, too.
 func (m *Monitor) Refresh(ctx context.Context) error {
