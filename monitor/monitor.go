@@ -134,7 +134,7 @@ func (m *Monitor) Start() {
 	}
 }
 
-// Stop stops all pollers, waits for them, and closes the fetchers. The monitor can be started again.
+// Stop stops all pollers and waits for them; the fetchers stay open, and the monitor can be started again.
 func (m *Monitor) Stop() {
 	m.mu.Lock()
 	cancel := m.cancel
