@@ -294,3 +294,91 @@ func TestPrefixCacheEviction(t *testing.T) {
 		t.Fatalf("peak %d over the pool", s.PeakUsedTokens)
 	}
 }
+
+// Streams report cached tokens in their usage chunk; completions stream text chunks.
+func TestStreamingCompletionsAndCachedUsage(t *testing.T) {
+	cfg := fastConfig()
+	cfg.DecodeTokensPerSec = 1000
+	_, base := startWorker(t, cfg)
+	long := strings.Repeat("p", 400) // 100 tokens, 96 cacheable
+	for _, c := range []struct {
+		path       string
+		body       map[string]any
+		wantCached int64
+	}{
+		{"/v1/completions", map[string]any{"prompt": long}, 0},
+		{"/v1/completions", map[string]any{"prompt": long}, 96},
+		{"/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": long}}}, 0},
+		// The key "user\x00" + 400 bytes + "\x00" is 102 tokens for a size of 100: blocks end at 16i·100/102.
+		{"/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": long}}}, 94},
+	} {
+		chat := strings.Contains(c.path, "chat")
+		c.body["max_tokens"], c.body["stream"] = 30, true
+		c.body["stream_options"] = map[string]any{"include_usage": true}
+		b, _ := json.Marshal(c.body)
+		resp, err := http.Post(base+c.path, "application/json", bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		events := sseEvents(t, resp.Body)
+		resp.Body.Close()
+		if len(events) < 4 || events[len(events)-1] != "[DONE]" {
+			t.Fatalf("%s events: %q", c.path, events)
+		}
+		var text strings.Builder
+		var finish string
+		var usage *openAIUsage
+		for _, e := range events[:len(events)-1] {
+			var r openAIResponse
+			decodeStrict(t, []byte(e), &r)
+			wantObject := "text_completion"
+			if chat {
+				wantObject = "chat.completion.chunk"
+			}
+			if r.Object != wantObject || r.Model != modelName {
+				t.Fatalf("chunk %s", e)
+			}
+			if r.Usage != nil {
+				usage = r.Usage
+				continue
+			}
+			ch := r.Choices[0]
+			switch {
+			case chat && ch.Delta != nil && ch.Text == nil:
+				text.WriteString(ch.Delta.Content)
+			case !chat && ch.Text != nil && ch.Delta == nil:
+				text.WriteString(*ch.Text)
+			default:
+				t.Fatalf("chunk %s", e)
+			}
+			if ch.FinishReason != nil {
+				finish = *ch.FinishReason
+			}
+		}
+		if text.String() != filler(0, 30) || finish != "length" {
+			t.Fatalf("%s: text %q, finish %q", c.path, text.String(), finish)
+		}
+		if usage == nil || usage.PromptTokens != 100 || usage.CompletionTokens != 30 ||
+			usage.PromptTokensDetails.CachedTokens != c.wantCached {
+			t.Fatalf("%s usage: %+v", c.path, usage)
+		}
+	}
+
+	for _, body := range []string{
+		`{"prompt":["a","b"]}`,
+		`{"prompt":[]}`,
+		`{"prompt":{"text":"a"}}`,
+		`{"prompt":7}`,
+		`{}`,
+		`{"prompt":"a","max_tokens":-1}`,
+	} {
+		resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("%s: status %d, want 400", body, resp.StatusCode)
+		}
+	}
+}

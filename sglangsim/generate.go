@@ -204,6 +204,9 @@ func (r completionRequest) prompt() (promptKey, error) {
 	case "array":
 		var ids []int64
 		if err := json.Unmarshal(r.Prompt, &ids); err == nil {
+			if len(ids) == 0 {
+				return promptKey{}, badRequest("prompt must not be empty")
+			}
 			return idsKey(ids), nil
 		}
 		var texts []string
