@@ -19,7 +19,7 @@ func TestFetchersReadSimulator(t *testing.T) {
 	cfg.MaxTotalTokens = 1000
 	cfg.DecodeTokensPerSec = 0.001
 	w, base := startWorker(t, cfg)
-	if _, err := w.submit(300, 100, -1); err != nil {
+	if _, err := w.submit(sized(300, 100)); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "request running", func() bool { return w.Loads()[0].UsedTokens == 400 })
