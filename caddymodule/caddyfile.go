@@ -79,6 +79,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //		default_max_tokens     <tokens>
 //		prefill_tokens_per_sec <tokens/s>
 //		decode_tokens_per_sec  <tokens/s>
+//		decode_batch_halving   <requests>
 //		inflight_correction on|off
 //		fallback       <policy> [<options...>]
 //	}
@@ -154,7 +155,7 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			p.DefaultMaxTokens = int64(n)
-		case "prefill_tokens_per_sec", "decode_tokens_per_sec":
+		case "prefill_tokens_per_sec", "decode_tokens_per_sec", "decode_batch_halving":
 			name := d.Val()
 			v, err := oneArg(d)
 			if err != nil {
@@ -164,10 +165,13 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil || !(f > 0) || math.IsInf(f, 0) {
 				return d.Errf("%s: want a number > 0, got %q", name, v)
 			}
-			if name == "prefill_tokens_per_sec" {
+			switch name {
+			case "prefill_tokens_per_sec":
 				p.PrefillTokensPerSec = f
-			} else {
+			case "decode_tokens_per_sec":
 				p.DecodeTokensPerSec = f
+			default:
+				p.DecodeBatchHalving = f // parseOptions checks >= 1
 			}
 		case "inflight_correction":
 			v, err := oneArg(d)

@@ -71,9 +71,13 @@ type Policy struct {
 	// reports do not measure it (total_prefill_uncached_tokens and total_prefill_busy_us). Default: 8000.
 	PrefillTokensPerSec float64 `json:"prefill_tokens_per_sec,omitempty"`
 
-	// Decode speed, in output tokens/s per request, that the cost metric assumes for a worker not yet
-	// seen decoding (gen_throughput with running requests). Default: 50.
+	// Decode speed, in output tokens/s, of a request alone on a worker, that the cost metric assumes
+	// for a worker not yet seen decoding (gen_throughput with running requests). Default: 50.
 	DecodeTokensPerSec float64 `json:"decode_tokens_per_sec,omitempty"`
+
+	// How many more requests in a decoding batch halve each one's decode speed, for the cost metric:
+	// it carries a worker's measured speed at one batch size to another. Default: 32.
+	DecodeBatchHalving float64 `json:"decode_batch_halving,omitempty"`
 
 	// Whether to count the proxy's own requests started since a worker's last report as load on it.
 	// Off compares workers on their reports alone, so between two polls every request goes to the
@@ -191,10 +195,13 @@ func (p *Policy) parseOptions() error {
 		return fmt.Errorf("prefill_tokens_per_sec: must be a finite number > 0, got %v", p.PrefillTokensPerSec)
 	case p.DecodeTokensPerSec < 0 || math.IsNaN(p.DecodeTokensPerSec) || math.IsInf(p.DecodeTokensPerSec, 0):
 		return fmt.Errorf("decode_tokens_per_sec: must be a finite number > 0, got %v", p.DecodeTokensPerSec)
+	case p.DecodeBatchHalving != 0 && !(p.DecodeBatchHalving >= 1) || math.IsInf(p.DecodeBatchHalving, 0):
+		return fmt.Errorf("decode_batch_halving: must be a finite number >= 1, got %v", p.DecodeBatchHalving)
 	}
 	p.costs = loadpolicy.CostParams{
 		PrefillTokensPerSec: cmp.Or(p.PrefillTokensPerSec, defaultPrefillTokensPerSec),
 		DecodeTokensPerSec:  cmp.Or(p.DecodeTokensPerSec, defaultDecodeTokensPerSec),
+		DecodeBatchHalving:  cmp.Or(p.DecodeBatchHalving, defaultDecodeBatchHalving),
 	}
 	p.meanOut.Store(math.Float64bits(float64(p.defaultMaxTokens())))
 	return nil
@@ -205,6 +212,7 @@ const (
 	defaultMaxTokens           = 256
 	defaultPrefillTokensPerSec = 8000
 	defaultDecodeTokensPerSec  = 50
+	defaultDecodeBatchHalving  = 32
 )
 
 func (p *Policy) defaultMaxTokens() int64 { return cmp.Or(p.DefaultMaxTokens, defaultMaxTokens) }

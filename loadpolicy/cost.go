@@ -24,8 +24,10 @@ type Request struct {
 type CostParams struct {
 	// PrefillTokensPerSec is a worker's prefill speed where its reports do not measure it.
 	PrefillTokensPerSec float64
-	// DecodeTokensPerSec is the per-request decode speed of a worker never yet seen decoding.
+	// DecodeTokensPerSec is the decode speed of a request alone on a worker never yet seen decoding.
 	DecodeTokensPerSec float64
+	// DecodeBatchHalving is how many more requests in a batch halve each one's decode speed.
+	DecodeBatchHalving float64
 	// MeanOutputTokens is the mean OutputTokens of recent requests: the size of the requests a worker
 	// runs, whose finishing frees room for the next.
 	MeanOutputTokens float64
@@ -173,18 +175,20 @@ func (r *Report) Cost(req Request, cached int64, since Since, p *CostParams) flo
 	}
 	present := oldLeft + newLeft
 
-	// The batch this request joins, and the per-request decode speed there. A measured throughput at
-	// batch b is shared by b requests; a larger batch shares the same total (decode is bandwidth-bound),
-	// and a smaller one is not taken to be faster per request than the measured one.
+	// The batch this request joins, and the per-request decode speed there: a decode step reads the
+	// weights once for the whole batch and each request's KV, so per-request speed falls slowly with the
+	// batch, halving at DecodeBatchHalving more requests. A measured throughput gives the speed at the
+	// measured batch; the model carries it to the batch this request joins.
 	batch := present + 1
 	if w.maxBatch > 0 {
 		batch = min(batch, w.maxBatch)
 	}
-	perRequest := p.DecodeTokensPerSec
+	halving := math.Max(p.DecodeBatchHalving, 1)
+	alone := p.DecodeTokensPerSec // one request's speed in a batch of its own
 	if w.decode > 0 {
-		perRequest = w.decode / float64(max(batch, w.decodeAt))
+		alone = w.decode / float64(w.decodeAt) * (1 + float64(w.decodeAt-1)/halving)
 	}
-	perRequest = math.Max(perRequest, 1e-3)
+	perRequest := math.Max(alone/(1+float64(batch-1)/halving), 1e-3)
 	throughput := perRequest * float64(batch)
 
 	// Admission: a full KV pool or batch admits the request only as running ones finish. A finishing

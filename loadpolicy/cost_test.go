@@ -15,8 +15,14 @@ func worker(running, waiting, uncached, used, capacity, maxRunning int64, gen fl
 		MaxTotalTokens: capacity, MaxRunning: maxRunning, GenThroughput: gen, Fields: coreFields}
 }
 
+// perRequest is the decode speed at batch of a worker whose requests decode at alone tokens/s each
+// in a batch of one, halving at 16 more.
+func perRequest(alone float64, batch int) float64 { return alone / (1 + float64(batch-1)/16) }
+
 func TestCost(t *testing.T) {
-	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, MeanOutputTokens: 100}
+	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 16, MeanOutputTokens: 100}
+	// 4 running at 200 tok/s: 50 each at batch 4, so 50 x (1 + 3/16) alone.
+	busyAlone := 50 * (1 + 3.0/16)
 	busy := worker(4, 0, 0, 4000, 10000, 8, 200)
 	withCounters := func(rk Rank, tokens, busyUS int64) Rank {
 		rk.PrefillUncachedTokens, rk.PrefillBusyUS = tokens, busyUS
@@ -43,28 +49,29 @@ func TestCost(t *testing.T) {
 			req: Request{800, 100}, cached: 600, want: 2.025,
 		},
 		{
-			// Batch 4+1 = 5 shares 200 tok/s: 40 each, decode 100/40 = 2.5; prefill 400/8000 = 0.05.
-			name: "busy worker", ranks: []Rank{busy}, req: Request{400, 100}, want: 2.55,
+			// Batch 4+1 = 5; prefill 400/8000 = 0.05.
+			name: "busy worker", ranks: []Rank{busy}, req: Request{400, 100}, want: 100/perRequest(busyAlone, 5) + 0.05,
 		},
 		{
 			// 4 running + 2 queued hold 9000 + 1000 tokens, the queued ones 2 x 100 output to come:
 			// 10200 tokens, 1700 a request. Adding 500 is 700 over the 10000 pool: 700 x 100/1700 tokens of
-			// output at 200 tok/s = 0.20588 s. Prefill (1000 queued + 400)/8000 = 0.175. Batch 7: decode
-			// 100/(200/7) = 3.5.
+			// output at the batch-7 throughput. Prefill (1000 queued + 400)/8000 = 0.175.
 			name: "full pool", ranks: []Rank{worker(4, 2, 1000, 9000, 10000, 8, 200)},
-			req: Request{400, 100}, want: 700.0*100/1700/200 + 0.175 + 3.5,
+			req:  Request{400, 100},
+			want: 700.0*100/1700/(7*perRequest(busyAlone, 7)) + 0.175 + 100/perRequest(busyAlone, 7),
 		},
 		{
-			// 8 running of 8: one must finish first, 100 tokens at 400 tok/s = 0.25 s; batch stays 8 at
-			// 50 tok/s each: decode 2; prefill 0.05.
+			// 8 running of 8 at 400 tok/s: one must finish first, 100 tokens at 400 tok/s = 0.25 s; the
+			// batch stays 8 at 50 tok/s each: decode 2; prefill 0.05.
 			name: "full batch", ranks: []Rank{worker(8, 0, 0, 800, 100000, 8, 400)},
 			req: Request{400, 100}, want: 2.3,
 		},
 		{
 			// Two requests sent since (800 prompt, 200 output tokens), none finished, 1 s ago: 6 present,
-			// batch 7: decode 3.5; the 800 queued prompt tokens were prefilled in that second: prefill 0.05.
+			// batch 7; the 800 queued prompt tokens were prefilled in that second: prefill 0.05.
 			name: "sent since, projected", ranks: []Rank{busy}, req: Request{400, 100},
-			since: Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200}, want: 3.55,
+			since: Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200},
+			want:  100/perRequest(busyAlone, 7) + 0.05,
 		},
 		{
 			// The same two sent but the count fell by 1: 3 finished, the oldest first, so 1 of the 4
@@ -73,17 +80,17 @@ func TestCost(t *testing.T) {
 			since: Since{Elapsed: time.Second, Extra: -1, Sent: 2, SentPrompt: 800, SentOutput: 200}, want: 2.05,
 		},
 		{
-			// Just sent, not yet prefilled: 800 tokens ahead, (800 + 400)/8000 = 0.15; batch 7: decode 3.5.
+			// Just sent, not yet prefilled: 800 tokens ahead, (800 + 400)/8000 = 0.15; batch 7.
 			name: "sent since, queued", ranks: []Rank{busy}, req: Request{400, 100},
-			since: Since{Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200}, want: 3.65,
+			since: Since{Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200}, want: 100/perRequest(busyAlone, 7) + 0.15,
 		},
 		{
 			// Counters moved 4000 tokens in 1 s of busy prefill: 4000 tok/s. Idle now; decode carried
-			// from the previous report, 100 tok/s at batch 2: 50 a request, decode 2; prefill 400/4000 = 0.1.
+			// from the previous report, 100 tok/s at batch 2, 50 x (1 + 1/16) alone; prefill 400/4000 = 0.1.
 			name:  "measured prefill, carried decode",
 			prev:  []Rank{withCounters(worker(2, 0, 0, 1000, 10000, 8, 100), 1000, 1_000_000)},
 			ranks: []Rank{withCounters(worker(0, 0, 0, 0, 10000, 8, 0), 5000, 2_000_000)},
-			req:   Request{400, 100}, want: 2.1,
+			req:   Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.1,
 		},
 		{
 			// Two DP ranks: the worker prefills 8000 tok/s, a prompt runs on one rank at 4000: 400/4000 = 0.1.
@@ -109,7 +116,7 @@ func TestCost(t *testing.T) {
 }
 
 func TestCostFallbacks(t *testing.T) {
-	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, MeanOutputTokens: 100}
+	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 16, MeanOutputTokens: 100}
 	// No running/waiting counts: nothing to price.
 	rep := NewReport(time.Unix(0, 0), "", []Rank{{GenThroughput: 100, Fields: FieldGenThroughput}})
 	if rep.Priced() || !math.IsInf(rep.Cost(Request{1, 1}, 0, Since{}, &params), 1) {
@@ -118,10 +125,11 @@ func TestCostFallbacks(t *testing.T) {
 	if (*Report)(nil).Priced() {
 		t.Error("nil report priced")
 	}
-	// Only counts: no pool, no batch cap, no throughput; defaults for both speeds: 0.05 + 2.
+	// Only counts: no pool, no batch cap, no throughput; defaults for both speeds, the decode one at
+	// batch 3+1.
 	rep = NewReport(time.Unix(0, 0), "", []Rank{{Running: 3, Fields: FieldRunning | FieldWaiting}})
-	if got := rep.Cost(Request{400, 100}, 0, Since{}, &params); math.Abs(got-2.05) > 1e-9 {
-		t.Errorf("counts only: %v s, want 2.05", got)
+	if got, want := rep.Cost(Request{400, 100}, 0, Since{}, &params), 0.05+100/perRequest(50, 4); math.Abs(got-want) > 1e-9 {
+		t.Errorf("counts only: %v s, want %v", got, want)
 	}
 	// A restarted worker's counters go backwards: no speed measured, the default stays.
 	prev := NewReport(time.Unix(0, 0), "", []Rank{{Running: 1, PrefillUncachedTokens: 9000, PrefillBusyUS: 9e6, Fields: FieldRunning | FieldWaiting | FieldPrefillCounters}})
