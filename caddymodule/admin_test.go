@@ -417,7 +417,7 @@ func TestMetricsSeries(t *testing.T) {
 		if ok := metricValue(t, page, "caddy_sglang_load_polls_total", append(ep, "result", "ok")...); !(ok >= 1) {
 			t.Errorf("%s ok polls %v", tc.w.name, ok)
 		}
-		for _, r := range []string{"timeout", "http_status", "decode", "unavailable"} {
+		for _, r := range pollResultLabels[1:] {
 			if n := metricValue(t, page, "caddy_sglang_load_polls_total", append(ep, "result", r)...); n != 0 {
 				t.Errorf("%s polls_total{result=%s} = %v, want 0", tc.w.name, r, n)
 			}
@@ -454,6 +454,10 @@ func TestMetricsSeries(t *testing.T) {
 	}
 }
 
+// pollResultLabels is every value of the result label.
+var pollResultLabels = []string{"ok", "timeout", "http_status", "grpc_status", "too_large", "decode", "unavailable"}
+
+// The metrics, the admin view and the log lines name a failed poll's class alike.
 func TestMetricsCountFailuresByResult(t *testing.T) {
 	notFound := newTestWorker(t, "not-found", 0, 0)
 	notFound.noLoads.Store(true)
@@ -461,6 +465,10 @@ func TestMetricsCountFailuresByResult(t *testing.T) {
 		fmt.Fprint(rw, "<html>not json</html>")
 	}))
 	t.Cleanup(garbage.Close)
+	huge := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Length", strconv.Itoa(2<<20))
+	}))
+	t.Cleanup(huge.Close)
 	// A port that refuses: listen, take the address, close.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -468,27 +476,32 @@ func TestMetricsCountFailuresByResult(t *testing.T) {
 	}
 	refused := ln.Addr().String()
 	ln.Close()
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
 
 	tester := caddytest.NewTester(t)
 	tester.InitServer(fmt.Sprintf(`{
 	admin localhost:2999
 	http_port 9080
 	skip_install_trust
+	log {
+		output file %s
+	}
 	sglang_load {
 		interval 100ms
 	}
 }
 http://127.0.0.1:9080 {
-	reverse_proxy %s %s %s {
+	reverse_proxy %s %s %s %s {
 		lb_policy sglang_load
 	}
 }
-`, notFound.addr(), strings.TrimPrefix(garbage.URL, "http://"), refused), "caddyfile")
+`, logFile, notFound.addr(), strings.TrimPrefix(garbage.URL, "http://"), strings.TrimPrefix(huge.URL, "http://"), refused), "caddyfile")
 
 	want := map[string]string{
 		notFound.addr(): "http_status",
 		strings.TrimPrefix(garbage.URL, "http://"): "decode",
-		refused: "unavailable",
+		strings.TrimPrefix(huge.URL, "http://"):    "too_large",
+		refused:                                    "unavailable",
 	}
 	var page string
 	eventually(t, 10*time.Second, func() bool {
@@ -501,7 +514,7 @@ http://127.0.0.1:9080 {
 		return true
 	}, "two failed polls of each worker")
 	for addr, result := range want {
-		for _, r := range []string{"ok", "timeout", "http_status", "decode", "unavailable"} {
+		for _, r := range pollResultLabels {
 			if r == result {
 				continue
 			}
@@ -515,6 +528,26 @@ http://127.0.0.1:9080 {
 		if v := view[addr]; v.State != "missing" || v.LastErrorResult != result || v.Score != nil {
 			t.Errorf("%s: state %q, last error %q (%s), score %+v; want missing, %s, no score", addr, v.State, v.LastError,
 				v.LastErrorResult, v.Score, result)
+		}
+	}
+	// Each worker's first failure is logged once, at warn, with the same result.
+	logged := make(map[string]string)
+	eventually(t, 10*time.Second, func() bool {
+		b, err := os.ReadFile(logFile)
+		if err != nil {
+			return false
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			var entry struct{ Msg, Endpoint, Result string }
+			if json.Unmarshal([]byte(line), &entry) == nil && entry.Msg == "worker load state changed" {
+				logged[strings.TrimPrefix(entry.Endpoint, "http://")] = entry.Result
+			}
+		}
+		return len(logged) >= len(want)
+	}, "a state-change line per worker")
+	for addr, result := range want {
+		if logged[addr] != result {
+			t.Errorf("%s: logged result %q, want %q", addr, logged[addr], result)
 		}
 	}
 }

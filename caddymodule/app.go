@@ -39,8 +39,9 @@ type App struct {
 	// interval of the worker's group. Must be > 0.
 	StaleAfter *caddy.Duration `json:"stale_after,omitempty"`
 
-	// The most polls in flight at once, over all workers. Default: 64.
-	MaxConcurrentPolls int `json:"max_concurrent_polls,omitempty"`
+	// The most polls in flight at once, over all workers. Default: 64. Must be >= 1: 0 is an error,
+	// as in the Caddyfile, not "no limit".
+	MaxConcurrentPolls *int `json:"max_concurrent_polls,omitempty"`
 
 	interval, timeout, staleAfter time.Duration
 
@@ -68,8 +69,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err := a.resolveDurations(); err != nil {
 		return err
 	}
-	if a.MaxConcurrentPolls < 0 {
-		return fmt.Errorf("max_concurrent_polls: must be >= 0, got %d", a.MaxConcurrentPolls)
+	maxPolls := 0 // the monitor's default
+	if a.MaxConcurrentPolls != nil {
+		if maxPolls = *a.MaxConcurrentPolls; maxPolls < 1 {
+			return fmt.Errorf("max_concurrent_polls: must be >= 1, got %d", maxPolls)
+		}
 	}
 	eventsApp, err := ctx.App("events")
 	if err != nil {
@@ -80,7 +84,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err := a.registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
-	a.monitor = monitor.New(monitor.Options{MaxConcurrent: a.MaxConcurrentPolls, OnResult: a.onPollResult})
+	a.monitor = monitor.New(monitor.Options{MaxConcurrent: maxPolls, OnResult: a.onPollResult})
 	return nil
 }
 

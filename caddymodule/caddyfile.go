@@ -57,7 +57,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil {
 				return err
 			}
-			a.MaxConcurrentPolls = n
+			a.MaxConcurrentPolls = &n
 		default:
 			return d.Errf("unrecognized subdirective %s", name)
 		}

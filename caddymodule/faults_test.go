@@ -209,11 +209,11 @@ func httpFaults() []httpFault {
 			}},
 		{name: "answers truncated JSON", state: "missing", result: "decode", check: errorHas("unexpected end of JSON"),
 			load: answer(`{"version":"0.5.9","loads":[{"dp_rank":0,"num_running_reqs":1,"num_wait`)},
-		{name: "streams a 50 MiB body", state: "missing", result: "decode", check: errorHas("exceeds the 1048576-byte limit"),
+		{name: "streams a 50 MiB body", state: "missing", result: "too_large", check: errorHas("exceeds the 1048576-byte limit"),
 			load: func(w *testWorker, rw http.ResponseWriter, r *http.Request) {
 				stream(w, rw, r, `{"version":"`, bigBody, 0, 64<<10)
 			}},
-		{name: "declares a 50 MiB body", state: "missing", result: "decode", check: errorHas("exceeds the 1048576-byte limit"),
+		{name: "declares a 50 MiB body", state: "missing", result: "too_large", check: errorHas("exceeds the 1048576-byte limit"),
 			load: func(w *testWorker, rw http.ResponseWriter, r *http.Request) {
 				rw.Header().Set("Content-Length", fmt.Sprint(bigBody))
 				stream(w, rw, r, "", bigBody, 0, 64<<10)
@@ -773,7 +773,7 @@ func everyErrorCode() ([]codes.Code, []string) {
 		case codes.Canceled, codes.Unavailable:
 			results = append(results, "unavailable")
 		default:
-			results = append(results, "http_status")
+			results = append(results, "grpc_status")
 		}
 	}
 	return cs, results
@@ -824,7 +824,7 @@ func grpcFaults() []grpcFault {
 					t.Errorf("worker with %s: last error %q does not name the code", codeList[i], v.LastError)
 				}
 			}},
-		{name: "sends a 5 MiB message", polls: []grpcPoll{oversized}, state: "missing", results: []string{"http_status"},
+		{name: "sends a 5 MiB message", polls: []grpcPoll{oversized}, state: "missing", results: []string{"too_large"},
 			check: func(t *testing.T, _ int, v worker) {
 				if !strings.Contains(v.LastError, "ResourceExhausted") {
 					t.Errorf("last error %q, want ResourceExhausted", v.LastError)

@@ -15,16 +15,19 @@ import (
 	"github.com/caddy-sglang/caddy-sglang/monitor"
 )
 
-// Poll results, the values of the result label.
+// Poll results, the values of the result label of the metrics, of the admin view's last_error_result
+// and of the log lines; pollResult is the one place that assigns them.
 const (
 	resultOK          = "ok"
-	resultTimeout     = "timeout"
-	resultStatus      = "http_status" // the worker answered an error status (HTTP, or gRPC other than Unavailable)
-	resultDecode      = "decode"
-	resultUnavailable = "unavailable"
+	resultTimeout     = "timeout"     // no answer within the poll timeout; gRPC DeadlineExceeded
+	resultHTTPStatus  = "http_status" // an HTTP status other than 2xx
+	resultGRPCStatus  = "grpc_status" // a gRPC status from the worker, other than the ones below
+	resultTooLarge    = "too_large"   // an answer over the size limit: HTTP max body, gRPC MaxResponseSize
+	resultDecode      = "decode"      // an answer that is not the documented JSON
+	resultUnavailable = "unavailable" // nothing answered: refused, reset, unreachable; gRPC Unavailable, Canceled
 )
 
-var pollResults = [...]string{resultOK, resultTimeout, resultStatus, resultDecode, resultUnavailable}
+var pollResults = [...]string{resultOK, resultTimeout, resultHTTPStatus, resultGRPCStatus, resultTooLarge, resultDecode, resultUnavailable}
 
 // pollResult classifies a poll's error into one of a fixed set of label values.
 func pollResult(err error) string {
@@ -41,17 +44,21 @@ func pollResult(err error) string {
 	case errors.As(err, &timeout):
 		return resultTimeout
 	case errors.As(err, &hstatus):
-		return resultStatus
-	case errors.As(err, &decode), errors.As(err, &tooLarge):
+		return resultHTTPStatus
+	case errors.As(err, &tooLarge):
+		return resultTooLarge
+	case errors.As(err, &decode):
 		return resultDecode
 	case errors.As(err, &gstatus):
-		switch gstatus.Code {
-		case codes.DeadlineExceeded:
+		switch {
+		case gstatus.Code == codes.DeadlineExceeded:
 			return resultTimeout
-		case codes.Unavailable, codes.Canceled:
+		case gstatus.Code == codes.Unavailable, gstatus.Code == codes.Canceled:
 			return resultUnavailable
+		case gstatus.TooLarge():
+			return resultTooLarge
 		}
-		return resultStatus
+		return resultGRPCStatus
 	}
 	return resultUnavailable // refused, reset, DNS: nothing answered
 }
@@ -71,7 +78,7 @@ const metricsNamespace, metricsSubsystem = "caddy", "sglang_load"
 func init() {
 	metrics.polls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "polls_total",
-		Help: "Load polls by endpoint and result (ok, timeout, http_status, decode, unavailable).",
+		Help: "Load polls by endpoint and result (ok, timeout, http_status, grpc_status, too_large, decode, unavailable).",
 	}, []string{"endpoint", "transport", "result"})
 	metrics.pollDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "poll_duration_seconds",

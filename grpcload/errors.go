@@ -28,6 +28,13 @@ func (e *StatusError) Error() string {
 // and nil when the status came from the worker.
 func (e *StatusError) Unwrap() error { return e.cause }
 
+// TooLarge reports whether the call failed because the answer exceeded MaxResponseSize: grpc-go's own
+// ResourceExhausted ("received message larger than max"), as opposed to a worker reporting itself
+// exhausted, which has the same code.
+func (e *StatusError) TooLarge() bool {
+	return e.Code == codes.ResourceExhausted && strings.Contains(e.Msg, "larger than max")
+}
+
 // GRPCStatus lets status.Code and status.FromError read the code through wrapping.
 func (e *StatusError) GRPCStatus() *status.Status { return status.New(e.Code, e.Msg) }
 
@@ -53,7 +60,10 @@ func explain(c codes.Code, msg string) string {
 	case codes.PermissionDenied:
 		return "the worker denied access: check the api key"
 	case codes.ResourceExhausted:
-		return fmt.Sprintf("resource exhausted (an answer above %d bytes, or an overloaded worker)", MaxResponseSize)
+		if strings.Contains(msg, "larger than max") {
+			return fmt.Sprintf("the answer exceeds the %d-byte limit", MaxResponseSize)
+		}
+		return "resource exhausted (an overloaded worker)"
 	case codes.Canceled:
 		return "the call was cancelled"
 	default:

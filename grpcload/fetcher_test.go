@@ -255,7 +255,8 @@ func TestStatusErrors(t *testing.T) {
 			md, _ := metadata.FromIncomingContext(ctx)
 			return nil, status.Errorf(codes.Unauthenticated, "bad authorization %q", md.Get("authorization"))
 		}, codes.Unauthenticated, "check the api key"},
-		{"response too large", answer(&schedulerpb.GetLoadsResponse{Version: strings.Repeat("x", grpcload.MaxResponseSize+1)}), codes.ResourceExhausted, "resource exhausted"},
+		{"response too large", answer(&schedulerpb.GetLoadsResponse{Version: strings.Repeat("x", grpcload.MaxResponseSize+1)}), codes.ResourceExhausted, "exceeds the 4194304-byte limit"},
+		{"worker exhausted", statusHandler(codes.ResourceExhausted, "too many requests"), codes.ResourceExhausted, "an overloaded worker"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -265,6 +266,10 @@ func TestStatusErrors(t *testing.T) {
 			checkStatusError(t, rep, err, tt.code, srv.Addr, tt.explain)
 			if strings.Contains(err.Error(), key) {
 				t.Errorf("error %q leaks the api key", err)
+			}
+			var se *grpcload.StatusError
+			if errors.As(err, &se) && se.TooLarge() != (tt.name == "response too large") {
+				t.Errorf("TooLarge() = %v for %v", se.TooLarge(), err)
 			}
 			if tt.code == codes.DeadlineExceeded && errors.Is(err, context.DeadlineExceeded) {
 				t.Errorf("a worker's own DeadlineExceeded reads as the poll's timeout: %v", err)
