@@ -48,6 +48,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&m.endpoints, "endpoints", 1000, "monitor: number of endpoints")
 	fs.DurationVar(&m.interval, "interval", 1e9, "monitor: polling interval")
 	fs.DurationVar(&m.window, "window", 10e9, "monitor: measurement window")
+	fs.StringVar(&m.baseline, "baseline", "", "monitor: a second Caddy binary, measured in alternating rounds with -caddy")
+	fs.IntVar(&m.rounds, "rounds", 3, "monitor: rounds per Caddy binary (0: only the in-process monitor)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process to the file")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -69,7 +71,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "backend":
 		return runBackend(ctx, *addr, stdout)
 	case "monitor":
-		m.out = q.out
+		m.out, m.caddy = q.out, q.caddy
+		if m.rounds == 0 {
+			m.caddy = ""
+		}
 		return runMonitor(ctx, m, stdout, stderr)
 	case "port":
 		port, err := freePort()

@@ -23,6 +23,8 @@ type monitorOptions struct {
 	out              string
 	endpoints        int
 	interval, window time.Duration
+	caddy, baseline  string // Caddy binaries measured; baseline may be empty
+	rounds           int    // alternating rounds per binary
 }
 
 // runLoadServers listens on n loopback ports, answers /v1/loads on each (the first one hangs until the
@@ -169,8 +171,102 @@ func runMonitor(ctx context.Context, o monitorOptions, stdout, stderr io.Writer)
 		gaps[len(gaps)/2].Round(time.Millisecond), p99.Round(time.Millisecond), gaps[len(gaps)-1].Round(time.Millisecond),
 		maxAllowed, yes(p99 <= maxAllowed))
 	fmt.Fprintf(&b, "| hung endpoint's reports | %s | none | %s |\n", map[bool]string{true: "none", false: "some"}[hungOK.IsZero()], yes(hungOK.IsZero()))
+	m.Close()
+	if o.caddy != "" {
+		if err := monitorCaddy(ctx, o, addrs, &b, stderr); err != nil {
+			return err
+		}
+	}
 	fmt.Fprint(stdout, b.String())
 	return writeResult(o.out, "monitor.md", b.String())
+}
+
+// monitorCaddy measures the Caddy process polling every address in addrs through the sglang_load app:
+// its CPU time over the window, per poll and as a share of one core, in rounds that alternate between
+// o.caddy and o.baseline so that drift in the machine's load favours neither.
+func monitorCaddy(ctx context.Context, o monitorOptions, addrs []string, b *strings.Builder, logw io.Writer) error {
+	bins := []string{o.caddy}
+	if o.baseline != "" {
+		bins = append(bins, o.baseline)
+	}
+	caddyfile := func(admin string, port int) string {
+		return fmt.Sprintf("{\n\tadmin %s\n\tauto_https off\n\tpersist_config off\n\tsglang_load {\n\t\tinterval %s\n\t\ttimeout %s\n\t}\n}\n"+
+			"http://127.0.0.1:%d {\n\treverse_proxy %s {\n\t\tlb_policy sglang_load\n\t}\n}\n",
+			admin, o.interval, o.interval/2, port, strings.Join(addrs, " "))
+	}
+	pcts := make([][]float64, len(bins))
+	perPoll := make([][]float64, len(bins))
+	for round := range o.rounds {
+		for j := range bins {
+			k := j
+			if round%2 == 1 {
+				k = len(bins) - 1 - j
+			}
+			pct, us, err := monitorCaddyOnce(ctx, bins[k], caddyfile, len(addrs)-1, o, logw)
+			if err != nil {
+				return fmt.Errorf("%s, round %d: %w", bins[k], round+1, err)
+			}
+			fmt.Fprintf(logw, "monitor %s round %d: %.2f%% of a core, %.1f µs per poll\n", bins[k], round+1, pct, us)
+			pcts[k] = append(pcts[k], pct)
+			perPoll[k] = append(perPoll[k], us)
+		}
+	}
+	fmt.Fprintf(b, "\nThe Caddy process (sglang_load app, Caddyfile upstreams = the %d endpoints, interval %s, timeout %s): "+
+		"its user+system CPU time from /proc/<pid>/stat over a %s window after a warm-up of two intervals, polls counted by "+
+		"`caddy_sglang_load_polls_total`; %d rounds per binary, alternating which goes first. min / median / max:\n\n",
+		len(addrs), o.interval, o.interval/2, o.window.Round(time.Second), o.rounds)
+	b.WriteString("| Caddy binary | CPU, % of one core | CPU µs per poll | target | met (median) |\n|---|---:|---:|---:|---|\n")
+	for k, bin := range bins {
+		p, u := spreadOf(pcts[k]), spreadOf(perPoll[k])
+		fmt.Fprintf(b, "| %s | %s | %s | < 5%% of a core, < 50 µs per poll | %s |\n", bin, p.format("%.2f"), u.format("%.1f"), yes(p.median < 5))
+	}
+	return nil
+}
+
+// monitorCaddyOnce runs one Caddy binary on the endpoints and measures one window.
+func monitorCaddyOnce(ctx context.Context, bin string, caddyfile func(string, int) string, healthy int, o monitorOptions, logw io.Writer) (pct, usPerPoll float64, err error) {
+	p, err := startCaddy(ctx, bin, caddyfile, logw)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer p.Stop()
+	if err := p.waitFresh(ctx, healthy); err != nil {
+		return 0, 0, err
+	}
+	select {
+	case <-time.After(2 * o.interval):
+	case <-ctx.Done():
+		return 0, 0, ctx.Err()
+	}
+	const polls = "caddy_sglang_load_polls_total"
+	n0, err := p.metricSum(ctx, polls)
+	if err != nil {
+		return 0, 0, err
+	}
+	cpu0, err := procCPU(p.pid())
+	if err != nil {
+		return 0, 0, err
+	}
+	wall0 := time.Now()
+	select {
+	case <-time.After(o.window):
+	case <-ctx.Done():
+		return 0, 0, ctx.Err()
+	}
+	cpu1, err := procCPU(p.pid())
+	if err != nil {
+		return 0, 0, err
+	}
+	wall := time.Since(wall0)
+	n1, err := p.metricSum(ctx, polls)
+	if err != nil {
+		return 0, 0, err
+	}
+	cpu := cpu1 - cpu0
+	if n1 <= n0 {
+		return 0, 0, fmt.Errorf("no polls counted in the window (%v then %v)", n0, n1)
+	}
+	return 100 * cpu.Seconds() / wall.Seconds(), float64(cpu.Microseconds()) / (n1 - n0), nil
 }
 
 func yes(ok bool) string {
