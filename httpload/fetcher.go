@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -35,8 +34,8 @@ type Config struct {
 	URL string
 	// APIKey, when set, is sent as "Authorization: Bearer <key>". It never appears in errors.
 	APIKey string
-	// Client sends the requests. Default: a client of this Fetcher's own, which never uses a proxy and
-	// never follows a redirect.
+	// Client sends the requests. Default: a lean HTTP/1.1 client of this Fetcher's own over one
+	// kept-alive connection, which never uses a proxy and never follows a redirect.
 	Client *http.Client
 	// TLS configures the default client's TLS for an https URL; nil means Go's defaults (verify against
 	// the system roots). It cannot be combined with Client, whose transport has its own.
@@ -49,8 +48,8 @@ type Config struct {
 type Fetcher struct {
 	loads     endpoint // /v1/loads?include=core
 	getLoad   endpoint // /get_load
-	client    *http.Client
-	ownClient bool
+	client    *http.Client // from Config; nil when poller polls
+	poller    *poller
 	maxBody   int64
 
 	mu         sync.Mutex
@@ -93,20 +92,17 @@ func New(cfg Config) (*Fetcher, error) {
 	}
 	loads := u.JoinPath("v1", "loads")
 	loads.RawQuery = "include=core"
-	if f.loads, err = newEndpoint(loads.String(), cfg.APIKey); err != nil {
+	if f.loads, err = newEndpoint(loads, cfg.APIKey); err != nil {
 		return nil, err
 	}
-	if f.getLoad, err = newEndpoint(u.JoinPath("get_load").String(), cfg.APIKey); err != nil {
+	if f.getLoad, err = newEndpoint(u.JoinPath("get_load"), cfg.APIKey); err != nil {
 		return nil, err
 	}
 	if f.maxBody == 0 {
 		f.maxBody = DefaultMaxBody
 	}
 	if f.client == nil {
-		t := newTransport()
-		t.TLSClientConfig = cfg.TLS
-		f.client = &http.Client{Transport: t, CheckRedirect: noRedirects}
-		f.ownClient = true
+		f.poller = newPoller(u, cfg.TLS)
 	}
 	return f, nil
 }
@@ -115,15 +111,16 @@ func New(cfg Config) (*Fetcher, error) {
 // key is never sent to an address a worker names.
 func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
-// endpoint is one URL a Fetcher asks. Its request is built once and sent with each poll's context, so
-// a poll parses no URL and builds no header map; requests are only read, so concurrent polls share it.
+// endpoint is one URL a Fetcher asks. Its request is built once, so a poll parses no URL and builds
+// no header; requests are only read, so concurrent polls share them.
 type endpoint struct {
 	url string
-	req *http.Request
+	req *http.Request // for a Config.Client
+	raw []byte        // for the Fetcher's own poller
 }
 
-func newEndpoint(u, apiKey string) (endpoint, error) {
-	req, err := http.NewRequest(http.MethodGet, u, nil)
+func newEndpoint(u *url.URL, apiKey string) (endpoint, error) {
+	req, err := http.NewRequest(http.MethodGet, u.String(), nil)
 	if err != nil {
 		return endpoint{}, fmt.Errorf("request %s: %w", u, err)
 	}
@@ -131,24 +128,7 @@ func newEndpoint(u, apiKey string) (endpoint, error) {
 	if apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+apiKey)
 	}
-	return endpoint{url: u, req: req}, nil
-}
-
-// newTransport is the default client's transport: a handful of connections to one worker, and no
-// proxy from the environment, so that polls of loopback or cluster-internal workers go direct.
-func newTransport() *http.Transport {
-	return &http.Transport{
-		Proxy:                  nil,
-		DialContext:            (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext,
-		ForceAttemptHTTP2:      true,
-		MaxIdleConns:           2,
-		MaxIdleConnsPerHost:    2,
-		MaxConnsPerHost:        4,
-		IdleConnTimeout:        90 * time.Second,
-		TLSHandshakeTimeout:    10 * time.Second,
-		ExpectContinueTimeout:  time.Second,
-		MaxResponseHeaderBytes: 64 << 10,
-	}
+	return endpoint{url: u.String(), req: req, raw: request(u, apiKey)}, nil
 }
 
 // URL returns the load URL asked, e.g. http://127.0.0.1:30000/v1/loads?include=core.
@@ -161,10 +141,10 @@ func (f *Fetcher) Legacy() bool {
 	return f.legacy
 }
 
-// Close closes the idle connections of the Fetcher's own client; a client from Config is left alone.
+// Close closes the idle connection of the Fetcher's own client; a client from Config is left alone.
 func (f *Fetcher) Close() error {
-	if f.ownClient {
-		f.client.CloseIdleConnections()
+	if f.poller != nil {
+		f.poller.closeIdle()
 	}
 	return nil
 }
@@ -234,6 +214,9 @@ var bodyBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 const maxPooledBody = 64 << 10
 
 func (f *Fetcher) get(ctx context.Context, e endpoint, decode decodeFunc) (*loadpolicy.Report, error) {
+	if f.poller != nil {
+		return f.poll(ctx, e, decode)
+	}
 	u := e.url
 	resp, err := f.client.Do(e.req.WithContext(ctx))
 	if err != nil {
@@ -253,19 +236,34 @@ func (f *Fetcher) get(ctx context.Context, e endpoint, decode decodeFunc) (*load
 		return nil, &TooLargeError{Limit: f.maxBody, URL: u}
 	}
 	buf := bodyBufs.Get().(*bytes.Buffer)
-	defer func() {
-		if buf.Cap() <= maxPooledBody {
-			buf.Reset()
-			bodyBufs.Put(buf)
-		}
-	}()
+	defer putBody(buf)
 	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, f.maxBody+1)); err != nil {
 		return nil, fmt.Errorf("read load response from %s: %w", u, err)
 	}
 	if int64(buf.Len()) > f.maxBody {
 		return nil, &TooLargeError{Limit: f.maxBody, URL: u}
 	}
-	rep, err := decode(buf.Bytes(), time.Now())
+	return decodeFrom(buf.Bytes(), u, decode)
+}
+
+// poll is get over the Fetcher's own poller.
+func (f *Fetcher) poll(ctx context.Context, e endpoint, decode decodeFunc) (*loadpolicy.Report, error) {
+	resp, err := f.poller.do(ctx, e.raw, f.maxBody)
+	switch {
+	case errors.Is(err, errTooLarge):
+		return nil, &TooLargeError{Limit: f.maxBody, URL: e.url}
+	case err != nil:
+		return nil, fmt.Errorf("request %s: %w", e.url, err)
+	case resp.code < 200 || resp.code > 299:
+		return nil, &StatusError{Code: resp.code, URL: e.url}
+	}
+	defer putBody(resp.body)
+	return decodeFrom(resp.body.Bytes(), e.url, decode)
+}
+
+// decodeFrom decodes the body of a poll of u.
+func decodeFrom(body []byte, u string, decode decodeFunc) (*loadpolicy.Report, error) {
+	rep, err := decode(body, time.Now())
 	if err != nil {
 		if de, ok := err.(*DecodeError); ok {
 			de.URL = u

@@ -114,11 +114,58 @@ func TestNew(t *testing.T) {
 	}
 }
 
-func TestDefaultTransportHasNoProxy(t *testing.T) {
-	f := newFetcher(t, Config{URL: "http://127.0.0.1:30000"})
-	tr, ok := f.client.Transport.(*http.Transport)
-	if !ok || tr.Proxy != nil || tr.MaxIdleConnsPerHost <= 0 || tr.MaxIdleConnsPerHost > 4 {
-		t.Fatalf("transport %+v", f.client.Transport)
+// The default client dials the worker itself, whatever HTTP_PROXY says: a proxy that is listening
+// would see no request.
+func TestDefaultClientHasNoProxy(t *testing.T) {
+	var proxied atomic.Int32
+	proxy := worker(t, func(w http.ResponseWriter, r *http.Request) { proxied.Add(1) })
+	t.Setenv("HTTP_PROXY", proxy.URL)
+	t.Setenv("http_proxy", proxy.URL)
+	ts := worker(t, func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, `{"loads":[]}`) })
+	f := newFetcher(t, Config{URL: ts.URL})
+	if res, _ := fetch(t, f, 5*time.Second); res.err != nil || proxied.Load() != 0 {
+		t.Fatalf("fetch %v, %d requests through the proxy", res.err, proxied.Load())
+	}
+}
+
+// Polls reuse one kept-alive connection, also across a chunked answer and a short error body.
+func TestFetchKeepsConnectionAlive(t *testing.T) {
+	var n atomic.Int32
+	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch n.Add(1) % 3 {
+		case 0:
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+		case 1:
+			w.Header().Set("Content-Length", "12")
+			_, _ = io.WriteString(w, `{"loads":[]}`)
+		default: // flushed before the end: chunked
+			_, _ = io.WriteString(w, `{"loads":[`)
+			w.(http.Flusher).Flush()
+			_, _ = io.WriteString(w, `]}`)
+		}
+	}))
+	var conns atomic.Int32
+	ts.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	ts.Start()
+	t.Cleanup(ts.Close)
+	f := newFetcher(t, Config{URL: ts.URL})
+	for i := range 9 {
+		res, _ := fetch(t, f, 5*time.Second)
+		var se *StatusError
+		if (i+1)%3 == 0 {
+			if !errors.As(res.err, &se) || se.Code != http.StatusServiceUnavailable {
+				t.Fatalf("poll %d: %v, want status 503", i, res.err)
+			}
+		} else if res.err != nil || !res.rep.Empty() {
+			t.Fatalf("poll %d: %+v, %v", i, res.rep, res.err)
+		}
+	}
+	if c := conns.Load(); c != 1 {
+		t.Errorf("9 polls opened %d connections, want 1", c)
 	}
 }
 
@@ -189,9 +236,6 @@ func TestFetchOverTLS(t *testing.T) {
 	f := newFetcher(t, Config{URL: ts.URL, TLS: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}})
 	if res, _ := fetch(t, f, 5*time.Second); res.err != nil || res.rep.Running != 2 {
 		t.Fatalf("Fetch with the worker's CA = %+v, %v", res.rep, res.err)
-	}
-	if tr := f.client.Transport.(*http.Transport); tr.MaxConnsPerHost != newTransport().MaxConnsPerHost || tr.Proxy != nil {
-		t.Errorf("a TLS config replaced the default transport's limits: %+v", tr)
 	}
 
 	// Verification is on by default: the self-signed certificate is not in the system roots.

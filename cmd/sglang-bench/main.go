@@ -5,6 +5,8 @@
 //	-mode backend   a fast loopback backend for the proxy-overhead script: small answers, fresh loads
 //	-mode monitor   the load monitor polling 1,000 endpoints at 1s: its CPU, and whether one hung
 //	                endpoint delays the others' reports
+//	-mode overhead  Caddy's CPU time per proxied request, sglang_load against least_conn, at a fixed
+//	                request rate in alternating rounds
 //	-mode port      prints a free loopback port, for scripts
 package main
 
@@ -35,7 +37,7 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("sglang-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	mode := fs.String("mode", "quality", "quality, backend, monitor, port (prints a free loopback port), loadservers (started by monitor)")
+	mode := fs.String("mode", "quality", "quality, backend, monitor, overhead, port (prints a free loopback port), loadservers (started by monitor)")
 	var q qualityOptions
 	fs.StringVar(&q.caddy, "caddy", "bin/caddy", "Caddy binary with the plugin")
 	fs.StringVar(&q.out, "out", "results", "results folder; a subfolder per date is created")
@@ -50,6 +52,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&m.window, "window", 10e9, "monitor: measurement window")
 	fs.StringVar(&m.baseline, "baseline", "", "monitor: a second Caddy binary, measured in alternating rounds with -caddy")
 	fs.IntVar(&m.rounds, "rounds", 3, "monitor: rounds per Caddy binary (0: only the in-process monitor)")
+	var ov overheadOptions
+	fs.IntVar(&ov.requests, "requests", 20000, "overhead: requests per round and policy")
+	fs.IntVar(&ov.chunk, "chunk", 1000, "overhead: requests per run; runs alternate between the policies")
+	fs.Float64Var(&ov.rate, "req-rate", 2000, "overhead: requests per second, well below saturation")
+	fs.IntVar(&ov.backends, "backends", 4, "overhead: loopback backends")
+	fs.IntVar(&ov.conns, "conns", 16, "overhead: most requests in flight")
+	fs.IntVar(&ov.rounds, "overhead-rounds", 5, "overhead: rounds, each one run per policy")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process to the file")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -76,6 +85,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			m.caddy = ""
 		}
 		return runMonitor(ctx, m, stdout, stderr)
+	case "overhead":
+		ov.caddy, ov.out = q.caddy, q.out
+		return runOverhead(ctx, ov, stdout, stderr)
 	case "port":
 		port, err := freePort()
 		if err != nil {
@@ -84,7 +96,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout, port)
 		return nil
 	case "loadservers":
-		return runLoadServers(ctx, m.endpoints, stdout)
+		return runLoadServers(ctx, m.endpoints, true, stdout)
+	case "backends":
+		return runLoadServers(ctx, m.endpoints, false, stdout)
 	}
-	return fmt.Errorf("unknown -mode %q: want quality, backend or monitor", *mode)
+	return fmt.Errorf("unknown -mode %q: want quality, backend, monitor or overhead", *mode)
 }

@@ -27,12 +27,13 @@ type monitorOptions struct {
 	rounds           int    // alternating rounds per binary
 }
 
-// runLoadServers listens on n loopback ports, answers /v1/loads on each (the first one hangs until the
-// client gives up), prints the addresses, one a line, then "ready", and serves until ctx ends. It runs
-// in a process of its own so that the monitor's CPU time is the monitor's alone.
-func runLoadServers(ctx context.Context, n int, stdout io.Writer) error {
+// runLoadServers listens on n loopback ports, answers /v1/loads and proxied requests on each (with
+// hung, the first one hangs until the client gives up), prints the addresses, one a line, then "ready",
+// and serves until ctx ends. It runs in a process of its own so that the measured process's CPU time
+// is its own alone.
+func runLoadServers(ctx context.Context, n int, hung bool, stdout io.Writer) error {
 	fast := fastHandler()
-	hung := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	hang := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 	out := bufio.NewWriter(stdout)
 	var servers []*http.Server
 	for i := range n {
@@ -41,8 +42,8 @@ func runLoadServers(ctx context.Context, n int, stdout io.Writer) error {
 			return err
 		}
 		h := fast
-		if i == 0 {
-			h = hung
+		if hung && i == 0 {
+			h = hang
 		}
 		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 		servers = append(servers, srv)
@@ -60,39 +61,51 @@ func runLoadServers(ctx context.Context, n int, stdout io.Writer) error {
 	return nil
 }
 
-// runMonitor starts the load servers in a child process, polls them all with the monitor package and
-// httpload fetchers, and reports the monitor's CPU over a window and how late the healthy endpoints'
-// reports came while one endpoint hangs.
-func runMonitor(ctx context.Context, o monitorOptions, stdout, stderr io.Writer) error {
+// startLoadServers runs this binary with -mode mode -endpoints n in a child process and returns the
+// addresses it serves; stop ends the child.
+func startLoadServers(ctx context.Context, mode string, n int, stderr io.Writer) (addrs []string, stop func(), err error) {
 	self, err := os.Executable()
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	child := exec.CommandContext(cctx, self, "-mode", "loadservers", "-endpoints", fmt.Sprint(o.endpoints))
+	child := exec.CommandContext(cctx, self, "-mode", mode, "-endpoints", fmt.Sprint(n))
 	child.Cancel = func() error { return child.Process.Signal(syscall.SIGTERM) }
 	child.Stderr = stderr
 	pipe, err := child.StdoutPipe()
 	if err != nil {
-		return err
+		cancel()
+		return nil, nil, err
 	}
 	if err := child.Start(); err != nil {
-		return err
+		cancel()
+		return nil, nil, err
 	}
-	defer func() {
+	stop = func() {
 		cancel()
 		_ = child.Wait()
-	}()
-	var addrs []string
+	}
 	sc := bufio.NewScanner(pipe)
 	for sc.Scan() && sc.Text() != "ready" {
 		addrs = append(addrs, sc.Text())
 	}
-	if len(addrs) != o.endpoints {
-		return fmt.Errorf("load servers: got %d addresses, want %d: %v", len(addrs), o.endpoints, sc.Err())
+	if len(addrs) != n {
+		stop()
+		return nil, nil, fmt.Errorf("load servers: got %d addresses, want %d: %v", len(addrs), n, sc.Err())
 	}
 	go func() { _, _ = io.Copy(io.Discard, pipe) }()
+	return addrs, stop, nil
+}
+
+// runMonitor starts the load servers in a child process, polls them all with the monitor package and
+// httpload fetchers, and reports the monitor's CPU over a window and how late the healthy endpoints'
+// reports came while one endpoint hangs.
+func runMonitor(ctx context.Context, o monitorOptions, stdout, stderr io.Writer) error {
+	addrs, stop, err := startLoadServers(ctx, "loadservers", o.endpoints, stderr)
+	if err != nil {
+		return err
+	}
+	defer stop()
 
 	timeout := o.interval / 2
 	var mu sync.Mutex
