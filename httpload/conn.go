@@ -25,12 +25,14 @@ const maxHeaderBytes = 64 << 10
 // a thousand polls a second that hand-off, not the request, was most of a poll's CPU. A poll is a GET
 // with no body whose answer is read whole, so keep-alive, Content-Length or chunked bodies and a
 // deadline per poll are all it needs.
+// A redirect is an error status: only the configured address is polled, and the API key is never
+// sent to an address a worker names.
 type poller struct {
-	addr       string      // host:port dialled
-	tls        *tls.Config // nil for http
-	dialer     net.Dialer
-	mu         sync.Mutex
-	idle       *pollConn // one kept-alive connection; concurrent polls dial their own
+	addr   string      // host:port dialled
+	tls    *tls.Config // nil for http
+	dialer net.Dialer
+	mu     sync.Mutex
+	idle   *pollConn // one kept-alive connection; concurrent polls dial their own
 }
 
 type pollConn struct {

@@ -46,11 +46,11 @@ type Config struct {
 
 // Fetcher polls one worker's load. It is safe for concurrent use.
 type Fetcher struct {
-	loads     endpoint // /v1/loads?include=core
-	getLoad   endpoint // /get_load
-	client    *http.Client // from Config; nil when poller polls
-	poller    *poller
-	maxBody   int64
+	loads   endpoint     // /v1/loads?include=core
+	getLoad endpoint     // /get_load
+	client  *http.Client // from Config; nil when poller polls
+	poller  *poller
+	maxBody int64
 
 	mu         sync.Mutex
 	legacy     bool // the worker answered 404 on /v1/loads and serves /get_load
@@ -106,10 +106,6 @@ func New(cfg Config) (*Fetcher, error) {
 	}
 	return f, nil
 }
-
-// noRedirects makes a redirect an error status: only the configured address is polled, and the API
-// key is never sent to an address a worker names.
-func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // endpoint is one URL a Fetcher asks. Its request is built once, so a poll parses no URL and builds
 // no header; requests are only read, so concurrent polls share them.
