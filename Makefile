@@ -19,7 +19,7 @@ demo: build
 test:
 	$(GO) test -race ./...
 
-# Micro-benchmarks, proxy overhead (wrk), routing quality and monitor scale through real Caddy
+# Micro-benchmarks, proxy overhead (Caddy CPU per request), routing quality and monitor scale through real Caddy
 # processes; about 10 minutes on 2 cores. Tables (and a chart) go to results/<date>/.
 bench: build
 	$(GO) build -o $(BIN)/sglang-bench ./cmd/sglang-bench
