@@ -94,10 +94,27 @@ var errTooLarge = errors.New("body too large")
 
 // do sends req and reads the answer, under ctx. A body over maxBody fails with errTooLarge.
 func (p *poller) do(ctx context.Context, req []byte, maxBody int64) (response, error) {
-	c, err := p.get(ctx)
+	c, reused, err := p.get(ctx)
 	if err != nil {
 		return response{}, err
 	}
+	resp, err := p.send(ctx, c, req, maxBody)
+	if errors.Is(err, errNoAnswer) && reused && ctx.Err() == nil {
+		// The worker closed the kept-alive connection while it was idle (uvicorn does after 5s),
+		// before this request reached it: the request is a GET, so send it again on a new one.
+		if c, _, err = p.get(ctx); err != nil {
+			return response{}, err
+		}
+		resp, err = p.send(ctx, c, req, maxBody)
+	}
+	return resp, err
+}
+
+// errNoAnswer marks a connection that failed before any byte of an answer came back.
+var errNoAnswer = errors.New("connection closed before an answer")
+
+// send runs one round trip on c, which it keeps for the next poll or closes.
+func (p *poller) send(ctx context.Context, c *pollConn, req []byte, maxBody int64) (response, error) {
 	// A deadline on the socket bounds the poll; a cancel without one (Stop, Refresh) cuts it too.
 	if d, ok := ctx.Deadline(); ok {
 		_ = c.SetDeadline(d)
@@ -130,27 +147,28 @@ func (p *poller) do(ctx context.Context, req []byte, maxBody int64) (response, e
 	return resp, nil
 }
 
-func (p *poller) get(ctx context.Context) (*pollConn, error) {
+// get returns the kept-alive connection (reused) or dials a new one.
+func (p *poller) get(ctx context.Context) (c *pollConn, reused bool, err error) {
 	p.mu.Lock()
-	c := p.idle
+	c = p.idle
 	p.idle = nil
 	p.mu.Unlock()
 	if c != nil {
-		return c, nil
+		return c, true, nil
 	}
 	conn, err := p.dialer.DialContext(ctx, "tcp", p.addr)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if p.tls != nil {
 		tc := tls.Client(conn, p.tls)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			_ = conn.Close()
-			return nil, err
+			return nil, false, err
 		}
 		conn = tc
 	}
-	return &pollConn{Conn: conn, r: bufio.NewReaderSize(conn, 4<<10)}, nil
+	return &pollConn{Conn: conn, r: bufio.NewReaderSize(conn, 4<<10)}, false, nil
 }
 
 func (p *poller) put(c *pollConn) {
@@ -178,7 +196,10 @@ func (p *poller) closeIdle() {
 // roundTrip writes req and reads one response. keep reports whether the connection can carry another.
 func (c *pollConn) roundTrip(req []byte, maxBody int64) (resp response, keep bool, err error) {
 	if _, err := c.Write(req); err != nil {
-		return resp, false, err
+		return resp, false, fmt.Errorf("%w: %w", errNoAnswer, err)
+	}
+	if _, err := c.r.Peek(1); err != nil {
+		return resp, false, fmt.Errorf("%w: %w", errNoAnswer, err)
 	}
 	h, err := c.readHeader()
 	if err != nil {

@@ -627,3 +627,40 @@ func TestClose(t *testing.T) {
 		t.Fatal(res.err)
 	}
 }
+
+// A worker that closes each connection after one answer without saying so, as one whose keep-alive
+// timeout is shorter than the polling interval does: every poll still succeeds.
+func TestFetchRetriesClosedIdleConnection(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 4<<10)
+				if _, err := c.Read(buf); err != nil {
+					return
+				}
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n{\"loads\":[]}")
+			}()
+		}
+	}()
+	f := newFetcher(t, Config{URL: "http://" + ln.Addr().String()})
+	for i := range 3 {
+		if res, _ := fetch(t, f, 5*time.Second); res.err != nil {
+			t.Fatalf("poll %d: %v", i, res.err)
+		}
+	}
+	if n := accepted.Load(); n != 3 {
+		t.Errorf("%d connections for 3 polls, want one each", n)
+	}
+}
