@@ -53,7 +53,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&m.baseline, "baseline", "", "monitor: a second Caddy binary, measured in alternating rounds with -caddy")
 	fs.IntVar(&m.rounds, "rounds", 3, "monitor: rounds per Caddy binary (0: only the in-process monitor)")
 	var ov overheadOptions
-	fs.IntVar(&ov.requests, "requests", 20000, "overhead: requests per round and policy")
+	fs.IntVar(&ov.requests, "overhead-requests", 20000, "overhead: requests per round and policy")
 	fs.IntVar(&ov.chunk, "chunk", 1000, "overhead: requests per run; runs alternate between the policies")
 	fs.Float64Var(&ov.rate, "req-rate", 2000, "overhead: requests per second, well below saturation")
 	fs.IntVar(&ov.backends, "backends", 4, "overhead: loopback backends")
