@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"github.com/dustin/go-humanize"
 	"math"
 	"strconv"
 
@@ -76,6 +77,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //		interval       <duration>
 //		metric         cost|auto|queued_tokens|token_latency|token_usage|used_tokens|waiting|running
 //		choose         auto|power_of_two|least|window
+//		read_body              <size>|off
 //		default_max_tokens     <tokens>
 //		prefill_tokens_per_sec <tokens/s>
 //		decode_tokens_per_sec  <tokens/s>
@@ -149,6 +151,20 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			p.Choose = v
+		case "read_body":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			if v == "off" {
+				p.ReadBody = -1
+				break
+			}
+			size, err := humanize.ParseBytes(v)
+			if err != nil || size == 0 || size > 1<<30 {
+				return d.Errf("read_body: want a size from 1B to 1GiB, or off, got %q", v)
+			}
+			p.ReadBody = int(size)
 		case "default_max_tokens":
 			n, err := parseInt(d, 1, math.MaxInt32)
 			if err != nil {

@@ -15,9 +15,11 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
+	"github.com/caddy-sglang/caddy-sglang/affinity"
 	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
 )
 
@@ -74,6 +76,13 @@ type Policy struct {
 	// Decode speed, in output tokens/s, of a request alone on a worker, that the cost metric assumes
 	// for a worker not yet seen decoding (gen_throughput with running requests). Default: 50.
 	DecodeTokensPerSec float64 `json:"decode_tokens_per_sec,omitempty"`
+
+	// How much of a request's body the cost metric reads to size the request (its max_tokens and
+	// prompt), in bytes: the head of the body, put back so the upstream receives the same bytes. Only
+	// JSON bodies of /v1/chat/completions, /v1/completions and /generate without a Content-Encoding are
+	// read. -1: never read; the prompt is then estimated from Content-Length and the output is
+	// default_max_tokens. Default: 65536.
+	ReadBody int `json:"read_body,omitempty"`
 
 	// How many more requests in a decoding batch halve each one's decode speed, for the cost metric:
 	// it carries a worker's measured speed at one batch size to another. Default: 32.
@@ -195,13 +204,17 @@ func (p *Policy) parseOptions() error {
 		return fmt.Errorf("prefill_tokens_per_sec: must be a finite number > 0, got %v", p.PrefillTokensPerSec)
 	case p.DecodeTokensPerSec < 0 || math.IsNaN(p.DecodeTokensPerSec) || math.IsInf(p.DecodeTokensPerSec, 0):
 		return fmt.Errorf("decode_tokens_per_sec: must be a finite number > 0, got %v", p.DecodeTokensPerSec)
+	case p.ReadBody < -1:
+		return fmt.Errorf("read_body: want a size in bytes, or -1 for never, got %d", p.ReadBody)
 	case p.DecodeBatchHalving != 0 && !(p.DecodeBatchHalving >= 1) || math.IsInf(p.DecodeBatchHalving, 0):
 		return fmt.Errorf("decode_batch_halving: must be a finite number >= 1, got %v", p.DecodeBatchHalving)
 	}
+	d := defaultCostParams()
 	p.costs = loadpolicy.CostParams{
-		PrefillTokensPerSec: cmp.Or(p.PrefillTokensPerSec, defaultPrefillTokensPerSec),
-		DecodeTokensPerSec:  cmp.Or(p.DecodeTokensPerSec, defaultDecodeTokensPerSec),
-		DecodeBatchHalving:  cmp.Or(p.DecodeBatchHalving, defaultDecodeBatchHalving),
+		PrefillTokensPerSec: cmp.Or(p.PrefillTokensPerSec, d.PrefillTokensPerSec),
+		DecodeTokensPerSec:  cmp.Or(p.DecodeTokensPerSec, d.DecodeTokensPerSec),
+		DecodeBatchHalving:  cmp.Or(p.DecodeBatchHalving, d.DecodeBatchHalving),
+		MeanOutputTokens:    float64(p.defaultMaxTokens()),
 	}
 	p.meanOut.Store(math.Float64bits(float64(p.defaultMaxTokens())))
 	return nil
@@ -213,7 +226,14 @@ const (
 	defaultPrefillTokensPerSec = 8000
 	defaultDecodeTokensPerSec  = 50
 	defaultDecodeBatchHalving  = 32
+	defaultReadBody            = 64 << 10
 )
+
+// defaultCostParams are the cost model's stand-ins with every option at its default.
+func defaultCostParams() loadpolicy.CostParams {
+	return loadpolicy.CostParams{PrefillTokensPerSec: defaultPrefillTokensPerSec, DecodeTokensPerSec: defaultDecodeTokensPerSec,
+		DecodeBatchHalving: defaultDecodeBatchHalving, MeanOutputTokens: defaultMaxTokens}
+}
 
 func (p *Policy) defaultMaxTokens() int64 { return cmp.Or(p.DefaultMaxTokens, defaultMaxTokens) }
 
@@ -317,11 +337,36 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	return u
 }
 
-// requestSize is the size of r as the cost metric prices it: the prompt estimated from the body's
-// length (about 4 bytes a token), the output from the configured default.
+// requestSize is the size of r as the cost metric prices it: from the head of its body where it can
+// be read, else the prompt estimated from the body's length and the output from default_max_tokens.
+// The size is kept in the request's variables, so that a retry, whose body may be spent, is sized alike.
 func (p *Policy) requestSize(r *http.Request) loadpolicy.Request {
-	return loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
+	req := loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
+	limit := cmp.Or(p.ReadBody, defaultReadBody)
+	if limit <= 0 || r.Method != http.MethodPost || affinity.ShapeOf(r.URL.Path) == affinity.ShapeNone {
+		return req
+	}
+	if v, ok := caddyhttp.GetVar(r.Context(), requestSizeVar).(loadpolicy.Request); ok {
+		return v
+	}
+	head, complete := affinity.ReadHead(r, limit, nil)
+	var body affinity.Request
+	affinity.Parse(r.URL.Path, head, complete, r.ContentLength, &body)
+	if body.PromptTokens > 0 {
+		req.PromptTokens = body.PromptTokens
+	}
+	if body.DeclaredPromptTokens > 0 {
+		req.PromptTokens = body.DeclaredPromptTokens
+	}
+	if body.MaxTokens > 0 {
+		req.OutputTokens = body.MaxTokens
+	}
+	caddyhttp.SetVar(r.Context(), requestSizeVar, req)
+	return req
 }
+
+// requestSizeVar names the request variable that holds the request's size.
+const requestSizeVar = "sglang_load.request_size"
 
 // bytesPerToken is the prompt's bytes per token where only the body's length is known.
 const bytesPerToken = 4

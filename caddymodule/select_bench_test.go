@@ -50,15 +50,21 @@ func BenchmarkSelect(b *testing.B) {
 			{"random_choose_2", reverseproxy.RandomChoiceSelection{Choose: 2}},
 			{"round_robin", new(reverseproxy.RoundRobinSelection)},
 		}
-		for _, choose := range []string{"power_of_two", "least"} {
-			p := &caddymodule.Policy{Choose: choose}
+		for _, v := range []struct{ metric, choose string }{
+			{"auto", "power_of_two"}, {"auto", "least"}, {"cost", "window"}, {"cost", "power_of_two"},
+		} {
+			p := &caddymodule.Policy{Metric: v.metric, Choose: v.choose}
 			if err := caddymodule.ProvisionWithReports(p, pool, benchReport); err != nil {
 				b.Fatal(err)
+			}
+			name := "sglang_load_" + v.choose
+			if v.metric == "cost" {
+				name = "sglang_load_cost_" + v.choose
 			}
 			selectors = append(selectors, struct {
 				name string
 				sel  reverseproxy.Selector
-			}{"sglang_load_" + choose, p})
+			}{name, p})
 		}
 		for _, s := range selectors {
 			b.Run(fmt.Sprintf("n=%d/%s", n, s.name), func(b *testing.B) {
