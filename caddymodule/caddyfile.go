@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"math"
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
@@ -73,8 +74,12 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //		load_tls_insecure_skip_verify
 //		api_key        <token>
 //		interval       <duration>
-//		metric         auto|queued_tokens|token_latency|token_usage|used_tokens|waiting|running
-//		choose         power_of_two|least
+//		metric         cost|auto|queued_tokens|token_latency|token_usage|used_tokens|waiting|running
+//		choose         auto|power_of_two|least|window
+//		default_max_tokens     <tokens>
+//		prefill_tokens_per_sec <tokens/s>
+//		decode_tokens_per_sec  <tokens/s>
+//		decode_batch_halving   <requests>
 //		inflight_correction on|off
 //		fallback       <policy> [<options...>]
 //	}
@@ -144,6 +149,30 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			p.Choose = v
+		case "default_max_tokens":
+			n, err := parseInt(d, 1, math.MaxInt32)
+			if err != nil {
+				return err
+			}
+			p.DefaultMaxTokens = int64(n)
+		case "prefill_tokens_per_sec", "decode_tokens_per_sec", "decode_batch_halving":
+			name := d.Val()
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(f > 0) || math.IsInf(f, 0) {
+				return d.Errf("%s: want a number > 0, got %q", name, v)
+			}
+			switch name {
+			case "prefill_tokens_per_sec":
+				p.PrefillTokensPerSec = f
+			case "decode_tokens_per_sec":
+				p.DecodeTokensPerSec = f
+			default:
+				p.DecodeBatchHalving = f // parseOptions checks >= 1
+			}
 		case "inflight_correction":
 			v, err := oneArg(d)
 			if err != nil {

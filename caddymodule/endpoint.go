@@ -74,6 +74,40 @@ type endpoint struct {
 
 	// upstreams counts the registrations of each upstream dial address measured here; guarded by App.mu.
 	upstreams map[string]int
+
+	// sent totals the requests the cost model placed here and their sizes; each report is stamped
+	// with them, so the requests sent since are the difference.
+	sentRequests, sentPrompt, sentOutput atomic.Int64
+}
+
+func (ep *endpoint) sentTotals() loadpolicy.SentTotals {
+	return loadpolicy.SentTotals{Requests: ep.sentRequests.Load(), PromptTokens: ep.sentPrompt.Load(), OutputTokens: ep.sentOutput.Load()}
+}
+
+// placed counts a request the cost model sent here.
+func (ep *endpoint) placed(req loadpolicy.Request) {
+	ep.sentRequests.Add(1)
+	ep.sentPrompt.Add(req.PromptTokens)
+	ep.sentOutput.Add(req.OutputTokens)
+}
+
+// priced is candidate with the cost model's price of req.
+func (ep *endpoint) priced(now time.Time, inflight int64, req loadpolicy.Request, params *loadpolicy.CostParams) loadpolicy.Candidate {
+	c := loadpolicy.Candidate{Inflight: inflight}
+	rep := ep.fresh(now)
+	if rep == nil || !rep.Priced() {
+		return c
+	}
+	sent := ep.sentTotals().Sub(rep.Sent)
+	if sent.Requests < 0 {
+		sent = loadpolicy.SentTotals{} // a report stamped by the previous config's endpoint
+	}
+	c.Priced = true
+	c.Cost = rep.Cost(req, 0, loadpolicy.Since{
+		Elapsed: now.Sub(rep.Received), Extra: inflight - rep.Inflight,
+		Sent: sent.Requests, SentPrompt: sent.PromptTokens, SentOutput: sent.OutputTokens,
+	}, params)
+	return c
 }
 
 // fresh returns the endpoint's report if it is usable at now, or nil if missing, empty or stale.
@@ -117,8 +151,13 @@ func (f stampingFetcher) Fetch(ctx context.Context) (*loadpolicy.Report, error) 
 	if h := f.ep.host.Load(); h != nil {
 		before = int64(h.NumRequests())
 	}
+	sent := f.ep.sentTotals()
 	rep, err := f.Fetcher.Fetch(ctx)
 	if rep != nil {
+		rep.Sent = sent
+		if prev := f.ep.state.Load(); prev != nil {
+			rep.Follow(prev.Report)
+		}
 		// The worker measured somewhere between the two readings; the smaller one does not undercount
 		// requests it could not have seen yet.
 		rep.Inflight = before

@@ -1,9 +1,11 @@
 package caddymodule
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -49,13 +51,33 @@ type Policy struct {
 	// How often to poll this group's upstreams. Default: the app's interval.
 	Interval caddy.Duration `json:"interval,omitempty"`
 
-	// Which signal to compare: auto (the most precise signal both upstreams report), queued_tokens,
-	// token_latency, token_usage, used_tokens, waiting or running. Default: auto.
+	// What to compare: cost (the time, in seconds, this request would take on each upstream: its wait,
+	// prefill and decode, from the upstream's report projected to now), or one of the load signals: auto
+	// (the most precise signal both upstreams report), queued_tokens, token_latency, token_usage,
+	// used_tokens, waiting or running. Default: auto.
 	Metric string `json:"metric,omitempty"`
 
-	// How to pick: power_of_two (compare two random upstreams, take the less loaded) or least (the
-	// least loaded of all). Default: power_of_two.
+	// How to pick: power_of_two (compare two random upstreams, take the less loaded), least (the least
+	// loaded of all), window (the least loaded of up to 16: all of a small pool, 16 consecutive ones from
+	// a random start in a larger one) or auto: window for the cost metric, power_of_two for the signals.
+	// Default: auto.
 	Choose string `json:"choose,omitempty"`
+
+	// Output tokens the cost metric assumes for a request that does not say (max_tokens,
+	// max_completion_tokens or sampling_params.max_new_tokens). Default: 256.
+	DefaultMaxTokens int64 `json:"default_max_tokens,omitempty"`
+
+	// Prefill speed, in prompt tokens/s per worker, that the cost metric assumes for a worker whose
+	// reports do not measure it (total_prefill_uncached_tokens and total_prefill_busy_us). Default: 8000.
+	PrefillTokensPerSec float64 `json:"prefill_tokens_per_sec,omitempty"`
+
+	// Decode speed, in output tokens/s, of a request alone on a worker, that the cost metric assumes
+	// for a worker not yet seen decoding (gen_throughput with running requests). Default: 50.
+	DecodeTokensPerSec float64 `json:"decode_tokens_per_sec,omitempty"`
+
+	// How many more requests in a decoding batch halve each one's decode speed, for the cost metric:
+	// it carries a worker's measured speed at one batch size to another. Default: 32.
+	DecodeBatchHalving float64 `json:"decode_batch_halving,omitempty"`
 
 	// Whether to count the proxy's own requests started since a worker's last report as load on it.
 	// Off compares workers on their reports alone, so between two polls every request goes to the
@@ -68,8 +90,10 @@ type Policy struct {
 	fallback reverseproxy.Selector
 	metric   loadpolicy.Metric
 	choice   loadpolicy.Choice
-	noExtra  bool         // inflight_correction off
-	spec     endpointSpec // template for this group's endpoints; address set per upstream
+	noExtra  bool // inflight_correction off
+	costs    loadpolicy.CostParams
+	meanOut  atomic.Uint64 // float64 bits: mean output tokens of recent requests, for the cost model
+	spec     endpointSpec  // template for this group's endpoints; address set per upstream
 	app      *App
 	logger   *zap.Logger
 
@@ -164,8 +188,34 @@ func (p *Policy) parseOptions() error {
 		return fmt.Errorf("choose: %w", err)
 	}
 	p.noExtra = p.InflightCorrection != nil && !*p.InflightCorrection
+	switch {
+	case p.DefaultMaxTokens < 0:
+		return fmt.Errorf("default_max_tokens: must be > 0, got %d", p.DefaultMaxTokens)
+	case p.PrefillTokensPerSec < 0 || math.IsNaN(p.PrefillTokensPerSec) || math.IsInf(p.PrefillTokensPerSec, 0):
+		return fmt.Errorf("prefill_tokens_per_sec: must be a finite number > 0, got %v", p.PrefillTokensPerSec)
+	case p.DecodeTokensPerSec < 0 || math.IsNaN(p.DecodeTokensPerSec) || math.IsInf(p.DecodeTokensPerSec, 0):
+		return fmt.Errorf("decode_tokens_per_sec: must be a finite number > 0, got %v", p.DecodeTokensPerSec)
+	case p.DecodeBatchHalving != 0 && !(p.DecodeBatchHalving >= 1) || math.IsInf(p.DecodeBatchHalving, 0):
+		return fmt.Errorf("decode_batch_halving: must be a finite number >= 1, got %v", p.DecodeBatchHalving)
+	}
+	p.costs = loadpolicy.CostParams{
+		PrefillTokensPerSec: cmp.Or(p.PrefillTokensPerSec, defaultPrefillTokensPerSec),
+		DecodeTokensPerSec:  cmp.Or(p.DecodeTokensPerSec, defaultDecodeTokensPerSec),
+		DecodeBatchHalving:  cmp.Or(p.DecodeBatchHalving, defaultDecodeBatchHalving),
+	}
+	p.meanOut.Store(math.Float64bits(float64(p.defaultMaxTokens())))
 	return nil
 }
+
+// Defaults of the cost model's stand-ins.
+const (
+	defaultMaxTokens           = 256
+	defaultPrefillTokensPerSec = 8000
+	defaultDecodeTokensPerSec  = 50
+	defaultDecodeBatchHalving  = 32
+)
+
+func (p *Policy) defaultMaxTokens() int64 { return cmp.Or(p.DefaultMaxTokens, defaultMaxTokens) }
 
 // parentHandler is the reverse proxy handler being provisioned around this policy, if any.
 func parentHandler(ctx caddy.Context) *reverseproxy.Handler {
@@ -207,19 +257,31 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	eps := *p.endpoints.Load()
 	byIndex := p.index.Load().of(pool)
 	now := clock.Now()
+	cost := p.metric.Cost()
+	var req loadpolicy.Request
+	var params loadpolicy.CostParams
+	if cost {
+		req = p.requestSize(r)
+		params = p.costs
+		params.MeanOutputTokens = math.Float64frombits(p.meanOut.Load())
+	}
+	endpointOf := func(i int) *endpoint {
+		var ep *endpoint
+		if byIndex != nil {
+			ep = byIndex[i]
+		}
+		if ep == nil {
+			ep = eps[pool[i].Dial]
+		}
+		return ep
+	}
 	idx, byLoad := loadpolicy.Choose(p.choice, p.metric, len(pool), func(i int) (loadpolicy.Candidate, bool) {
 		u := pool[i]
 		if !u.Available() {
 			return loadpolicy.Candidate{}, false
 		}
 		inflight := int64(u.NumRequests())
-		var ep *endpoint
-		if byIndex != nil {
-			ep = byIndex[i]
-		}
-		if ep == nil {
-			ep = eps[u.Dial]
-		}
+		ep := endpointOf(i)
 		if ep == nil {
 			ep = p.registerLate(u.Dial)
 			if ep == nil {
@@ -227,6 +289,9 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 			}
 		}
 		ep.noteHost(u.Host)
+		if cost {
+			return ep.priced(now, inflight, req, &params), true
+		}
 		c := ep.candidate(now, inflight)
 		if p.noExtra {
 			c.Extra = 0
@@ -235,6 +300,12 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	}, rand.IntN)
 	if byLoad {
 		metrics.selectedByLoad.Inc()
+		if cost {
+			if ep := endpointOf(idx); ep != nil {
+				ep.placed(req)
+			}
+			p.noteOutput(req.OutputTokens)
+		}
 		return pool[idx]
 	}
 	u := p.fallback.Select(pool, r, w)
@@ -244,6 +315,25 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		metrics.selectedByFallback.Inc()
 	}
 	return u
+}
+
+// requestSize is the size of r as the cost metric prices it: the prompt estimated from the body's
+// length (about 4 bytes a token), the output from the configured default.
+func (p *Policy) requestSize(r *http.Request) loadpolicy.Request {
+	return loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
+}
+
+// bytesPerToken is the prompt's bytes per token where only the body's length is known.
+const bytesPerToken = 4
+
+// meanOutWeight is the weight of one request in the mean output size: about the last hundred count.
+const meanOutWeight = 0.01
+
+// noteOutput folds a placed request's output size into the mean. Concurrent updates may lose one
+// another's weight; the mean stays a mean of recent requests.
+func (p *Policy) noteOutput(tokens int64) {
+	old := math.Float64frombits(p.meanOut.Load())
+	p.meanOut.Store(math.Float64bits(old + meanOutWeight*(float64(tokens)-old)))
 }
 
 // registerLate registers an upstream first seen in Select (a dynamic upstream); it logs once and

@@ -1,0 +1,225 @@
+package loadpolicy
+
+import (
+	"math"
+	"time"
+)
+
+// The cost model prices placing one request on one worker in seconds: the wait until the worker can
+// admit it, its prefill behind the prompts queued ahead, and its decode at the per-request speed of the
+// batch it joins. A report is projected forward to the moment of the choice: the worker has drained
+// work since (elapsed time x its speeds) and the proxy has sent it requests since, priced by their own
+// sizes, and some of the requests have finished (the proxy's live in-flight count says how many).
+
+// Request is the size of the request being placed.
+type Request struct {
+	// PromptTokens is the prompt's length in tokens (estimated where the body was not read).
+	PromptTokens int64
+	// OutputTokens is the most the answer may be: max_tokens, or the configured default.
+	OutputTokens int64
+}
+
+// CostParams are the stand-ins for what a worker does not report, and what the proxy knows of the
+// fleet's requests.
+type CostParams struct {
+	// PrefillTokensPerSec is a worker's prefill speed where its reports do not measure it.
+	PrefillTokensPerSec float64
+	// DecodeTokensPerSec is the decode speed of a request alone on a worker never yet seen decoding.
+	DecodeTokensPerSec float64
+	// DecodeBatchHalving is how many more requests in a batch halve each one's decode speed.
+	DecodeBatchHalving float64
+	// MeanOutputTokens is the mean OutputTokens of recent requests: the size of the requests a worker
+	// runs, whose finishing frees room for the next.
+	MeanOutputTokens float64
+}
+
+// Since is what happened between a report and the choice.
+type Since struct {
+	Elapsed time.Duration
+	// Extra is the change of the proxy's in-flight count to the worker since the report: requests
+	// sent since minus requests finished since. It may be negative.
+	Extra int64
+	// Sent counts the requests the proxy sent to the worker since the report, and their sizes.
+	Sent, SentPrompt, SentOutput int64
+}
+
+// SentTotals are running totals of the requests sent to a worker; a report is stamped with them when
+// it arrives, so that the requests sent since are the difference.
+type SentTotals struct {
+	Requests, PromptTokens, OutputTokens int64
+}
+
+// Sub is the requests sent between o and t.
+func (t SentTotals) Sub(o SentTotals) SentTotals {
+	return SentTotals{t.Requests - o.Requests, t.PromptTokens - o.PromptTokens, t.OutputTokens - o.OutputTokens}
+}
+
+// workload is what the cost model reads of a report, derived once when the report is built.
+type workload struct {
+	requests  int64   // running + waiting
+	waiting   int64   // queued requests
+	tokens    int64   // KV tokens held by running requests plus the queued prompt tokens
+	queued    int64   // queued prompt tokens the prefix cache misses
+	capacity  int64   // KV pool tokens, 0 when unknown
+	maxBatch  int64   // running-request cap, 0 when unknown
+	ranks     int64   // data-parallel ranks: a request prefills on one of them
+	decode    float64 // measured decode throughput, tokens/s, at batch decodeAt; 0 when never measured
+	decodeAt  int64
+	prefill   float64 // measured prefill speed of the whole worker, tokens/s; 0 when never measured
+	prefillOK bool    // prefill was measured from the worker's counters (by this report or an earlier one)
+	has       bool    // the report carries the counts the model needs
+}
+
+// minPrefillBusy is the least prefill time between two polls that measures a speed: below it the
+// counters' rounding dominates.
+const minPrefillBusy = 20 * time.Millisecond
+
+func deriveWorkload(r *Report) workload {
+	w := workload{ranks: int64(len(r.Ranks))}
+	all := Field(0xffff)
+	for i := range r.Ranks {
+		all &= r.Ranks[i].Fields
+	}
+	if len(r.Ranks) == 0 || all&(FieldRunning|FieldWaiting) != FieldRunning|FieldWaiting {
+		return w
+	}
+	w.has = true
+	w.requests, w.waiting = r.Running+r.Waiting, r.Waiting
+	if all&FieldWaitingUncachedTokens != 0 {
+		w.queued = r.WaitingUncachedTokens
+	}
+	if all&FieldUsedTokens != 0 {
+		w.tokens = r.UsedTokens
+	}
+	w.tokens += w.queued
+	if all&FieldMaxTotalTokens != 0 {
+		w.capacity = r.MaxTotalTokens
+	}
+	if all&FieldMaxRunning != 0 {
+		w.maxBatch = r.MaxRunning
+	}
+	if all&FieldGenThroughput != 0 && r.GenThroughput > 0 && r.Running > 0 {
+		w.decode, w.decodeAt = r.GenThroughput, r.Running
+	}
+	return w
+}
+
+// Follow carries forward, from the worker's previous report, what this one cannot measure alone: the
+// prefill speed (the difference of the cumulative prefill counters between the two) and the last
+// measured decode throughput of a worker that is idle now. Call it once, before the report is published.
+func (r *Report) Follow(prev *Report) {
+	if prev == nil || !r.work.has {
+		return
+	}
+	if r.work.decode == 0 {
+		r.work.decode, r.work.decodeAt = prev.work.decode, prev.work.decodeAt
+	}
+	r.work.prefill, r.work.prefillOK = prev.work.prefill, prev.work.prefillOK
+	if len(prev.Ranks) != len(r.Ranks) {
+		return
+	}
+	var tokens, busyUS int64
+	for i := range r.Ranks {
+		a, b := &prev.Ranks[i], &r.Ranks[i]
+		if !a.Has(FieldPrefillCounters) || !b.Has(FieldPrefillCounters) {
+			return
+		}
+		dt, db := b.PrefillUncachedTokens-a.PrefillUncachedTokens, b.PrefillBusyUS-a.PrefillBusyUS
+		if dt < 0 || db < 0 {
+			return // a restarted worker: its counters began again
+		}
+		tokens, busyUS = tokens+dt, busyUS+db
+	}
+	if time.Duration(busyUS)*time.Microsecond < minPrefillBusy {
+		return
+	}
+	// Busy time summed over ranks: tokens per busy second is one rank's speed; the worker has ranks of them.
+	r.work.prefill = float64(tokens) / (float64(busyUS) / 1e6) * float64(len(r.Ranks))
+	r.work.prefillOK = true
+}
+
+// PrefillTokensPerSec is the worker's measured prefill speed, and whether it was measured.
+func (r *Report) PrefillTokensPerSec() (float64, bool) { return r.work.prefill, r.work.prefillOK }
+
+// Priced reports whether the report carries what the cost model needs: running and waiting counts.
+func (r *Report) Priced() bool { return r != nil && r.work.has }
+
+// Cost is the time, in seconds, that req would take on the worker if placed there now: since says what
+// happened after the report, cached is how many of its prompt tokens the worker already holds. It
+// returns +Inf for a report the model cannot price (see Priced).
+func (r *Report) Cost(req Request, cached int64, since Since, p *CostParams) float64 {
+	w := &r.work
+	if !w.has {
+		return math.Inf(1)
+	}
+	meanOut := math.Max(p.MeanOutputTokens, 1)
+	prompt := float64(max(req.PromptTokens, 0))
+	out := float64(max(req.OutputTokens, 1))
+
+	// Requests on the worker now. Of those in the report, the oldest finish first: every request that
+	// finished since is taken from them before any sent since.
+	sent := max(since.Sent, 0)
+	now := max(w.requests+since.Extra, 0)
+	finished := max(sent-since.Extra, 0)
+	oldLeft := max(w.requests-finished, 0)
+	newLeft := min(max(now-oldLeft, 0), sent)
+	// Their KV tokens: a reported request holds its share of what the report counts, plus the output
+	// still to come for the queued ones; a request sent since holds its own prompt and output.
+	var tokens float64
+	if w.requests > 0 {
+		perOld := (float64(w.tokens) + float64(w.waiting)*meanOut) / float64(w.requests)
+		tokens += float64(oldLeft) * perOld
+	}
+	if sent > 0 {
+		tokens += float64(newLeft) * float64(since.SentPrompt+since.SentOutput) / float64(sent)
+	}
+	present := oldLeft + newLeft
+
+	// The batch this request joins, and the per-request decode speed there: a decode step reads the
+	// weights once for the whole batch and each request's KV, so per-request speed falls slowly with the
+	// batch, halving at DecodeBatchHalving more requests. A measured throughput gives the speed at the
+	// measured batch; the model carries it to the batch this request joins.
+	batch := present + 1
+	if w.maxBatch > 0 {
+		batch = min(batch, w.maxBatch)
+	}
+	halving := math.Max(p.DecodeBatchHalving, 1)
+	alone := p.DecodeTokensPerSec // one request's speed in a batch of its own
+	if w.decode > 0 {
+		alone = w.decode / float64(w.decodeAt) * (1 + float64(w.decodeAt-1)/halving)
+	}
+	perRequest := math.Max(alone/(1+float64(batch-1)/halving), 1e-3)
+	throughput := perRequest * float64(batch)
+
+	// Admission: a full KV pool or batch admits the request only as running ones finish. A finishing
+	// request frees its tokens after meanOut output tokens, so the pool frees tokens at throughput x
+	// (tokens per request / meanOut), and requests at throughput / meanOut.
+	var wait float64
+	if w.capacity > 0 {
+		if over := tokens + prompt + out - float64(w.capacity); over > 0 {
+			perPresent := (prompt + out)
+			if present > 0 {
+				perPresent = tokens / float64(present)
+			}
+			wait = over * meanOut / perPresent / throughput
+		}
+	}
+	if w.maxBatch > 0 {
+		if over := present + 1 - w.maxBatch; over > 0 {
+			wait = math.Max(wait, float64(over)*meanOut/throughput)
+		}
+	}
+
+	// Prefill: the queued prompts ahead, plus the requests sent since, less what the worker prefilled
+	// since; then this prompt's uncached part on one rank.
+	speed := p.PrefillTokensPerSec
+	if w.prefillOK {
+		speed = w.prefill
+	}
+	speed = math.Max(speed, 1)
+	ahead := math.Max(float64(w.queued+max(since.SentPrompt, 0))-since.Elapsed.Seconds()*speed, 0)
+	uncached := math.Max(prompt-float64(max(cached, 0)), 0)
+	prefill := ahead/speed + uncached/(speed/float64(max(w.ranks, 1)))
+
+	return wait + prefill + out/perRequest
+}
