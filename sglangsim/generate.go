@@ -189,7 +189,7 @@ func (r chatRequest) prompt() (key promptKey, textBytes int, err error) {
 		textBytes += len(b) - start
 		b = append(b, 0)
 	}
-	return textKey(b), textBytes, nil
+	return chatKey(b), textBytes, nil
 }
 
 // prompt returns the completion prompt: a string, a list of token ids, or a list of one string.
