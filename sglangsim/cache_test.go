@@ -490,3 +490,17 @@ func TestPrefixCacheAccounting(t *testing.T) {
 	}
 	w.looping = false
 }
+
+// The cost of keying a request: an 8 KiB prompt (2,048 tokens) with a 256-token answer.
+func BenchmarkPlan(b *testing.B) {
+	text := []byte(strings.Repeat("s", 8<<10))
+	for _, off := range []bool{false, true} {
+		w := New(Config{DisablePrefixCache: off, FinishEarly: 0.3})
+		b.Run(fmt.Sprintf("cache_off=%t", off), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				w.plan(chatKey(text), 2048, 256, -1)
+			}
+		})
+	}
+}
