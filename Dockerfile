@@ -56,7 +56,9 @@ VOLUME /config
 VOLUME /data
 
 # 8080: the proxy; 9180: /metrics and /healthz (see examples/docker/Caddyfile). The admin API
-# (2019) listens on the container's loopback only.
+# (2019) listens on the container's loopback only. Unlike the official image, the binary gets no
+# cap_net_bind_service: the default ports need none, and a file capability stops the binary from
+# starting where capabilities are dropped (the Kubernetes example drops them all).
 EXPOSE 8080
 EXPOSE 9180
 
