@@ -65,9 +65,16 @@ type workload struct {
 	ranks     int64   // data-parallel ranks: a request prefills on one of them
 	decode    float64 // measured decode throughput, tokens/s, at batch decodeAt; 0 when never measured
 	decodeAt  int64
+	// decodePerRequest is decode / decodeAt, and decodeAtLess1 decodeAt - 1: what Cost reads of them.
+	decodePerRequest, decodeAtLess1 float64
 	prefill   float64 // measured prefill speed of the whole worker, tokens/s; 0 when never measured
 	prefillOK bool    // prefill was measured from the worker's counters (by this report or an earlier one)
 	has       bool    // the report carries the counts the model needs
+}
+
+func (w *workload) setDecode(throughput float64, batch int64) {
+	w.decode, w.decodeAt = throughput, batch
+	w.decodePerRequest, w.decodeAtLess1 = throughput/float64(batch), float64(batch-1)
 }
 
 // minPrefillBusy is the least prefill time between two polls that measures a speed: below it the
@@ -99,7 +106,7 @@ func deriveWorkload(r *Report) workload {
 		w.maxBatch = r.MaxRunning
 	}
 	if all&FieldGenThroughput != 0 && r.GenThroughput > 0 && r.Running > 0 {
-		w.decode, w.decodeAt = r.GenThroughput, r.Running
+		w.setDecode(r.GenThroughput, r.Running)
 	}
 	return w
 }
@@ -111,8 +118,8 @@ func (r *Report) Follow(prev *Report) {
 	if prev == nil || !r.work.has {
 		return
 	}
-	if r.work.decode == 0 {
-		r.work.decode, r.work.decodeAt = prev.work.decode, prev.work.decodeAt
+	if r.work.decode == 0 && prev.work.decode > 0 {
+		r.work.setDecode(prev.work.decode, prev.work.decodeAt)
 	}
 	r.work.prefill, r.work.prefillOK = prev.work.prefill, prev.work.prefillOK
 	if len(prev.Ranks) != len(r.Ranks) {
@@ -152,7 +159,7 @@ func (r *Report) Cost(req Request, cached int64, since Since, p *CostParams) flo
 	if !w.has {
 		return math.Inf(1)
 	}
-	meanOut := math.Max(p.MeanOutputTokens, 1)
+	meanOut := atLeast(p.MeanOutputTokens, 1)
 	prompt := float64(max(req.PromptTokens, 0))
 	out := float64(max(req.OutputTokens, 1))
 
@@ -163,50 +170,53 @@ func (r *Report) Cost(req Request, cached int64, since Since, p *CostParams) flo
 	finished := max(sent-since.Extra, 0)
 	oldLeft := max(w.requests-finished, 0)
 	newLeft := min(max(now-oldLeft, 0), sent)
+	present := oldLeft + newLeft
 	// Their KV tokens: a reported request holds its share of what the report counts, plus the output
 	// still to come for the queued ones; a request sent since holds its own prompt and output.
 	var tokens float64
-	if w.requests > 0 {
-		perOld := (float64(w.tokens) + float64(w.waiting)*meanOut) / float64(w.requests)
-		tokens += float64(oldLeft) * perOld
+	if oldLeft > 0 {
+		tokens = float64(oldLeft) * (float64(w.tokens) + float64(w.waiting)*meanOut) / float64(w.requests)
 	}
-	if sent > 0 {
+	if newLeft > 0 {
 		tokens += float64(newLeft) * float64(since.SentPrompt+since.SentOutput) / float64(sent)
 	}
-	present := oldLeft + newLeft
 
 	// The batch this request joins, and the per-request decode speed there: a decode step reads the
 	// weights once for the whole batch and each request's KV, so per-request speed falls slowly with the
 	// batch, halving at DecodeBatchHalving more requests. A measured throughput gives the speed at the
-	// measured batch; the model carries it to the batch this request joins.
+	// measured batch; the model carries it to the batch this request joins. slowdown is the factor by
+	// which a request's speed in that batch is below its speed alone.
 	batch := present + 1
 	if w.maxBatch > 0 {
 		batch = min(batch, w.maxBatch)
 	}
-	halving := math.Max(p.DecodeBatchHalving, 1)
+	invHalving := 1 / atLeast(p.DecodeBatchHalving, 1)
 	alone := p.DecodeTokensPerSec // one request's speed in a batch of its own
 	if w.decode > 0 {
-		alone = w.decode / float64(w.decodeAt) * (1 + float64(w.decodeAt-1)/halving)
+		alone = w.decodePerRequest * (1 + w.decodeAtLess1*invHalving)
 	}
-	perRequest := math.Max(alone/(1+float64(batch-1)/halving), 1e-3)
-	throughput := perRequest * float64(batch)
+	alone = atLeast(alone, 1e-3)
+	slowdown := 1 + float64(batch-1)*invHalving
+	secondsPerToken := slowdown / alone // per request, in the batch it joins
+	decode := out * secondsPerToken
 
 	// Admission: a full KV pool or batch admits the request only as running ones finish. A finishing
-	// request frees its tokens after meanOut output tokens, so the pool frees tokens at throughput x
-	// (tokens per request / meanOut), and requests at throughput / meanOut.
+	// request frees its tokens after meanOut output tokens; the batch produces batch/secondsPerToken
+	// tokens a second, so it frees a request every meanOut x secondsPerToken / batch seconds.
 	var wait float64
+	finishEvery := meanOut * secondsPerToken / float64(batch)
 	if w.capacity > 0 {
 		if over := tokens + prompt + out - float64(w.capacity); over > 0 {
-			perPresent := (prompt + out)
+			perPresent := prompt + out
 			if present > 0 {
 				perPresent = tokens / float64(present)
 			}
-			wait = over * meanOut / perPresent / throughput
+			wait = over / perPresent * finishEvery
 		}
 	}
 	if w.maxBatch > 0 {
 		if over := present + 1 - w.maxBatch; over > 0 {
-			wait = math.Max(wait, float64(over)*meanOut/throughput)
+			wait = max(wait, float64(over)*finishEvery)
 		}
 	}
 
@@ -216,10 +226,18 @@ func (r *Report) Cost(req Request, cached int64, since Since, p *CostParams) flo
 	if w.prefillOK {
 		speed = w.prefill
 	}
-	speed = math.Max(speed, 1)
-	ahead := math.Max(float64(w.queued+max(since.SentPrompt, 0))-since.Elapsed.Seconds()*speed, 0)
-	uncached := math.Max(prompt-float64(max(cached, 0)), 0)
-	prefill := ahead/speed + uncached/(speed/float64(max(w.ranks, 1)))
+	invSpeed := 1 / atLeast(speed, 1)
+	ahead := atLeast(float64(w.queued+max(since.SentPrompt, 0))-since.Elapsed.Seconds()/invSpeed, 0)
+	uncached := atLeast(prompt-float64(max(cached, 0)), 0)
+	prefill := (ahead + uncached*float64(max(w.ranks, 1))) * invSpeed
 
-	return wait + prefill + out/perRequest
+	return wait + prefill + decode
+}
+
+// atLeast is max(v, lo) for values that are never NaN, without math.Max's NaN and signed-zero care.
+func atLeast(v, lo float64) float64 {
+	if v < lo {
+		return lo
+	}
+	return v
 }
