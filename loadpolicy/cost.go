@@ -56,20 +56,20 @@ func (t SentTotals) Sub(o SentTotals) SentTotals {
 
 // workload is what the cost model reads of a report, derived once when the report is built.
 type workload struct {
-	requests  int64   // running + waiting
-	waiting   int64   // queued requests
-	tokens    int64   // KV tokens held by running requests plus the queued prompt tokens
-	queued    int64   // queued prompt tokens the prefix cache misses
-	capacity  int64   // KV pool tokens, 0 when unknown
-	maxBatch  int64   // running-request cap, 0 when unknown
-	ranks     int64   // data-parallel ranks: a request prefills on one of them
-	decode    float64 // measured decode throughput, tokens/s, at batch decodeAt; 0 when never measured
-	decodeAt  int64
+	requests int64   // running + waiting
+	waiting  int64   // queued requests
+	tokens   int64   // KV tokens held by running requests plus the queued prompt tokens
+	queued   int64   // queued prompt tokens the prefix cache misses
+	capacity int64   // KV pool tokens, 0 when unknown
+	maxBatch int64   // running-request cap, 0 when unknown
+	ranks    int64   // data-parallel ranks: a request prefills on one of them
+	decode   float64 // measured decode throughput, tokens/s, at batch decodeAt; 0 when never measured
+	decodeAt int64
 	// decodePerRequest is decode / decodeAt, and decodeAtLess1 decodeAt - 1: what Cost reads of them.
 	decodePerRequest, decodeAtLess1 float64
-	prefill   float64 // measured prefill speed of the whole worker, tokens/s; 0 when never measured
-	prefillOK bool    // prefill was measured from the worker's counters (by this report or an earlier one)
-	has       bool    // the report carries the counts the model needs
+	prefill                         float64 // measured prefill speed of the whole worker, tokens/s; 0 when never measured
+	prefillOK                       bool    // prefill was measured from the worker's counters (by this report or an earlier one)
+	has                             bool    // the report carries the counts the model needs
 }
 
 func (w *workload) setDecode(throughput float64, batch int64) {
