@@ -44,8 +44,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&q.caddy, "caddy", "bin/caddy", "Caddy binary with the plugin")
 	fs.StringVar(&q.out, "out", "results", "results folder; a subfolder per date is created")
 	seeds := fs.String("seeds", "1,2,3,4,5", "workload seeds, comma list; every policy runs every seed")
-	rates := fs.String("rates", "", "mean arrival rates, requests/s (Poisson), comma list (default: quality 12,24; replicas 24; affinity 4,8)")
-	fs.IntVar(&q.requests, "requests", 2000, "quality, replicas: requests per policy and seed")
+	rates := fs.String("rates", "", "mean arrival rates, requests/s (Poisson), comma list (default: quality 8,24; replicas 24; affinity 4,8)")
+	fs.IntVar(&q.requests, "requests", 2000, "requests per policy and seed (affinity: at most this many of each workload)")
 	fs.IntVar(&q.parallel, "parallel", 0, "seeds run at once; 0: as many as keep the offered load near 24 requests/s per policy (the policies of a seed always run at once)")
 	fs.StringVar(&q.only, "policies", "", "comma list of policy names to run (default: all of the mode)")
 	instances := fs.String("instances", "1,3", "replicas, affinity: Caddy (or router) instance counts to compare, comma list")
@@ -100,7 +100,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch *mode {
 	case "quality":
 		if q.rates == nil {
-			q.rates = []float64{12, 24}
+			q.rates = []float64{8, 24}
 		}
 		return runQuality(ctx, q, stdout, stderr)
 	case "replicas":

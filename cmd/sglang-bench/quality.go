@@ -84,6 +84,7 @@ type armResult struct {
 	hit, ideal                  float64   // cached / prompt tokens: the fleet's, and one unlimited cache's
 	kvMean, kvPeak, pollsPerSec []float64 // per worker
 	tail                        []sample  // the slowest 1% of completed requests
+	firstFailure                string
 }
 
 // armSpec is one arm of a run: a policy and its instance count.
@@ -109,7 +110,10 @@ func singleInstance(ps []policy) []armSpec {
 }
 
 // runSeed starts every arm, sends them jobs at the same moments, and returns their figures in order.
-func runSeed(ctx context.Context, caddy string, specs []armSpec, jobs []job) ([]armResult, error) {
+// sent is called once every job has gone out (or the arms failed to start).
+func runSeed(ctx context.Context, caddy string, specs []armSpec, jobs []job, sent func()) ([]armResult, error) {
+	var once sync.Once
+	defer once.Do(sent)
 	arms := make([]*arm, len(specs))
 	errs := make([]error, len(specs))
 	var wg sync.WaitGroup
@@ -133,7 +137,7 @@ func runSeed(ctx context.Context, caddy string, specs []armSpec, jobs []job) ([]
 	for i, a := range arms {
 		polls0[i] = a.fleet.pollCounts()
 	}
-	begin := runArms(ctx, arms, sequences(jobs))
+	begin := runArms(ctx, arms, sequences(jobs), func() { once.Do(sent) })
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -152,6 +156,9 @@ func summarise(a *arm, name string, begin time.Time, polls0 []int64) armResult {
 	var tokens, prompt, cached int
 	for _, s := range a.samples {
 		if !s.ok {
+			if r.failed == 0 {
+				r.firstFailure = s.failure
+			}
 			r.failed++
 			continue
 		}
@@ -222,25 +229,32 @@ func runSeeds(ctx context.Context, caddy string, specs []armSpec, parallel int, 
 	for _, s := range specs {
 		out.policies = append(out.policies, s.label())
 	}
+	// Batches overlap: the next starts when the previous has sent its last request, while the slowest
+	// policies (an overloaded round_robin) still drain their queues.
 	perSeed := make([][]armResult, len(seeds))
+	errs := make([]error, len(seeds))
+	var wg sync.WaitGroup
 	for from := 0; from < len(seeds); from += parallel {
 		batch := seeds[from:min(from+parallel, len(seeds))]
-		errs := make([]error, len(batch))
-		var wg sync.WaitGroup
-		start := time.Now()
+		var sent sync.WaitGroup
 		for k, seed := range batch {
-			wg.Go(func() { perSeed[from+k], errs[k] = runSeed(ctx, caddy, specs, jobsOf(seed)) })
+			i := from + k
+			sent.Add(1)
+			wg.Go(func() {
+				start := time.Now()
+				perSeed[i], errs[i] = runSeed(ctx, caddy, specs, jobsOf(seed), sent.Done)
+				for _, r := range perSeed[i] {
+					fmt.Fprintf(stderr, "sglang-bench: %s seed %d %-42s p50 %6.2fs p99 %6.2fs failed %d %s\n", label, seed, r.name, r.p50, r.p99,
+						r.failed, r.firstFailure)
+				}
+				fmt.Fprintf(stderr, "sglang-bench: %s seed %d done in %s\n", label, seed, time.Since(start).Round(time.Second))
+			})
 		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
-			return out, err
-		}
-		for k, seed := range batch {
-			for _, r := range perSeed[from+k] {
-				fmt.Fprintf(stderr, "sglang-bench: %s seed %d %-42s p50 %6.2fs p99 %6.2fs failed %d\n", label, seed, r.name, r.p50, r.p99, r.failed)
-			}
-		}
-		fmt.Fprintf(stderr, "sglang-bench: %s seeds %v done in %s\n", label, batch, time.Since(start).Round(time.Second))
+		sent.Wait()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return out, err
 	}
 	for i := range specs {
 		for _, rs := range perSeed {

@@ -265,7 +265,8 @@ func tailTable(b *strings.Builder, sr seedResults) {
 	b.WriteString("Why the p99: the slowest 1% of each seed's requests, pooled over seeds. queue: waiting for admission " +
 		"(the simulator's X-Sglang-Sim-Queue-Time); to first token: TTFT − queue (prefill, including the wait behind other " +
 		"prompts' prefill); decode: latency − TTFT. Only streamed requests have a TTFT: for the others the simulator reports " +
-		"no prefill time, so after queue is prefill + decode together.\n\n")
+		"no time to first token (it has one: an X-Sglang-Sim-First-Token-Time header or a usage.first_token_time field, seconds " +
+		"from arrival, would split them too), so after queue is prefill + decode together.\n\n")
 	fmt.Fprintf(b, "| policy | n | long | streamed | on %s | latency s | queue s | to first token s (streamed) | decode s (streamed) | after queue s (not streamed) |\n",
 		strings.Join(workerLabels(), " / "))
 	b.WriteString("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|\n")

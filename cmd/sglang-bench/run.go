@@ -44,6 +44,7 @@ type sample struct {
 	latency, ttft       time.Duration
 	queue               float64 // seconds waiting for admission, from the simulator's header
 	prompt, cached, out int     // tokens, from the response's usage
+	failure             string  // why it failed, when it did
 }
 
 // arm is one policy in one run: its own fleet, and its Caddy instances or router instances; requests
@@ -113,8 +114,9 @@ func (a *arm) instances() int { return max(len(a.caddys), len(a.routers)) }
 
 // runArms sends the same sequences to every arm at the same moments and waits for every answer. Each
 // sequence is one request, or the turns of one session: a turn goes out its at after the previous answer,
-// carrying the conversation so far. KV use is sampled on every fleet while requests are out.
-func runArms(ctx context.Context, arms []*arm, seqs [][]job) time.Time {
+// carrying the conversation so far. KV use is sampled on every fleet while requests are out. sent, when
+// not nil, is called once every sequence has started.
+func runArms(ctx context.Context, arms []*arm, seqs [][]job, sent func()) time.Time {
 	kvCtx, stopKV := context.WithCancel(ctx)
 	for _, a := range arms {
 		go a.fleet.sampleKV(kvCtx, 200*time.Millisecond)
@@ -134,6 +136,9 @@ func runArms(ctx context.Context, arms []*arm, seqs [][]job) time.Time {
 		for _, a := range arms {
 			wg.Go(func() { a.runSequence(ctx, seq) })
 		}
+	}
+	if sent != nil {
+		sent()
 	}
 	wg.Wait()
 	stopKV()
@@ -210,6 +215,7 @@ func (a *arm) send(ctx context.Context, j job, msgs []message, wantText bool) (s
 	}
 	raw, err := json.Marshal(body)
 	if err != nil {
+		s.failure = err.Error()
 		return s, ""
 	}
 	url, done := a.target(j, msgs)
@@ -218,12 +224,14 @@ func (a *arm) send(ctx context.Context, j job, msgs []message, wantText bool) (s
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(raw))
 	if err != nil {
+		s.failure = err.Error()
 		return s, ""
 	}
 	req.Header.Set("Content-Type", "application/json")
 	s.start = time.Now()
 	resp, err := a.client.Do(req)
 	if err != nil {
+		s.failure = err.Error()
 		return s, ""
 	}
 	defer resp.Body.Close()
@@ -253,6 +261,7 @@ func (a *arm) send(ctx context.Context, j job, msgs []message, wantText bool) (s
 			}
 			if err != nil {
 				if !errors.Is(err, io.EOF) {
+					s.failure = "reading the stream: " + err.Error()
 					return s, ""
 				}
 				break
@@ -261,6 +270,7 @@ func (a *arm) send(ctx context.Context, j job, msgs []message, wantText bool) (s
 	} else {
 		var c chatAnswer
 		if err := json.NewDecoder(resp.Body).Decode(&c); err != nil {
+			s.failure = fmt.Sprintf("status %d, body: %v", resp.StatusCode, err)
 			return s, ""
 		}
 		s.setUsage(c.Usage)
@@ -273,6 +283,9 @@ func (a *arm) send(ctx context.Context, j job, msgs []message, wantText bool) (s
 	s.end = time.Now()
 	s.latency = s.end.Sub(s.start)
 	s.ok = resp.StatusCode == http.StatusOK
+	if !s.ok {
+		s.failure = fmt.Sprintf("status %d", resp.StatusCode)
+	}
 	return s, answer.String()
 }
 
