@@ -71,3 +71,22 @@ func TestRatios(t *testing.T) {
 		t.Fatalf("mean = %g", m)
 	}
 }
+
+func TestSeedsAtOnce(t *testing.T) {
+	for _, c := range []struct {
+		parallel, arms int
+		rate           float64
+		want           int
+	}{
+		{0, 11, 24, 1}, // the busy quality rate: one seed at a time
+		{0, 11, 8, 3},  // light: three seeds carry the same offered load
+		{0, 11, 12, 2}, // in between
+		{0, 12, 1, 3},  // never more than three
+		{0, 30, 24, 1}, // never fewer than one
+		{2, 11, 24, 2}, // -parallel wins
+	} {
+		if got := (qualityOptions{parallel: c.parallel}).seedsAtOnce(c.rate, c.arms); got != c.want {
+			t.Errorf("parallel %d, %d arms at %g/s: %d seeds at once, want %d", c.parallel, c.arms, c.rate, got, c.want)
+		}
+	}
+}
