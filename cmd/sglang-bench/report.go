@@ -121,9 +121,23 @@ func qualityMarkdown(o qualityOptions, runs []qualityRun, total cpuUse) string {
 		ratioTables(&b, run.res, []metric{mP50, mP90, mP99, mTTFTMean, mTTFT99, mTok}, "least_conn", "round_robin")
 		targetsTable(&b, run.res)
 		kvTable(&b, run.res)
+		if lc := run.res.find("least_conn"); lc != nil {
+			var m, p []float64
+			for _, r := range lc {
+				m, p = append(m, r.kvMean[0]), append(p, r.kvPeak[0])
+			}
+			fmt.Fprintf(&b, "Busy check: under least_conn the smallest worker's KV use peaks at %s (mean %s); above 70%% on every seed: %s.\n\n",
+				percents(p), percents(m), map[bool]string{true: "yes", false: "no"}[spreadOf(p).lo > 0.7])
+		}
 		tailTable(&b, run.res)
 	}
 	return b.String()
+}
+
+// percents is the spread of fractions as percentages: "90% (85..95%)".
+func percents(xs []float64) string {
+	s := spreadOf(xs)
+	return fmt.Sprintf("%.0f%% (%.0f..%.0f%%)", s.med*100, s.lo*100, s.hi*100)
 }
 
 // figuresTable: one row per policy, median (range) of each metric, failures, and per-worker shares.
@@ -169,7 +183,7 @@ func ratioTables(b *strings.Builder, sr seedResults, ms []metric, baselines ...s
 		if br == nil {
 			continue
 		}
-		fmt.Fprintf(b, "Ratio to %s (lower is better, except tok/s):\n\n| policy |", base)
+		fmt.Fprintf(b, "Ratio to %s, seed by seed (latencies: lower is better; tok/s and hit rate: higher):\n\n| policy |", base)
 		for _, m := range ms {
 			b.WriteString(" " + strings.TrimSuffix(m.name, " s") + " |")
 		}
@@ -367,6 +381,28 @@ func qualitySVG(sr seedResults) string {
 	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>`+"\n", left, top-4, left, top+row*len(sr.policies))
 	b.WriteString("</svg>\n")
 	return b.String()
+}
+
+// instanceRatios compares each arm of several instances with the same policy's single instance.
+func instanceRatios(b *strings.Builder, sr seedResults, ms []metric) {
+	fmt.Fprintf(b, "Several instances ÷ one instance of the same policy, seed by seed:\n\n| policy |")
+	for _, m := range ms {
+		b.WriteString(" " + strings.TrimSuffix(m.name, " s") + " |")
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---|", len(ms)) + "\n")
+	for i, name := range sr.policies {
+		single, _, several := strings.Cut(name, " ×")
+		base := sr.find(single)
+		if !several || base == nil {
+			continue
+		}
+		fmt.Fprintf(b, "| %s |", name)
+		for _, m := range ms {
+			fmt.Fprintf(b, " %s |", ratioCell(sr.byPolicy[i], base, m))
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\n")
 }
 
 func workerLabels() []string {

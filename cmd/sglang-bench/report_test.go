@@ -47,6 +47,7 @@ func TestQualityReport(t *testing.T) {
 		// Targets on the worst seed: 0.6 ≤ 0.6, 1.0 ≤ 1.0, 0.3 ≤ 0.5, equal to the 1 s row.
 		"| sglang_load power_of_two 10s | 0.60 | 1.00 | 0.30 | 1.00..1.00 | yes |",
 		"| least_conn | 70% / 90% | 20% / 50% | 10% / 30% |",
+		"Busy check: under least_conn the smallest worker's KV use peaks at 90% (90..90%) (mean 70% (70..70%)); above 70% on every seed: yes.",
 		"| least_conn | 3 | 100% | 100% | 100% / 0% / 0% | 10.00 | 2.00 | 1.00 | 7.00 | - |",
 	} {
 		if !strings.Contains(md, want) {
@@ -100,7 +101,12 @@ func TestReplicasAndAffinityReportsAreWellFormed(t *testing.T) {
 	checkTables(t, md)
 	var b strings.Builder
 	affinityTable(&b, sr)
+	instanceRatios(&b, sr, []metric{mP99})
 	checkTables(t, b.String())
+	// least_conn ×3 ÷ least_conn, p99 seed by seed: 1.1, 1.1, 1.2.
+	if want := "| least_conn ×3 | 1.10 (1.10..1.20) **worse** |"; !strings.Contains(b.String(), want) {
+		t.Errorf("instance ratios lack %q:\n%s", want, b.String())
+	}
 }
 
 func TestSummarise(t *testing.T) {

@@ -13,7 +13,7 @@ const (
 	shortPrompt, shortOutput = 200, 64
 	longPrompt, longOutput   = 2000, 512
 	longShare, streamShare   = 0.2, 0.3
-	requestTimeout           = 120 * time.Second
+	requestTimeout           = 300 * time.Second // round_robin at the busy rate queues for minutes
 )
 
 // bytesPerToken is the simulator's token measure: a prompt of n bytes of text is ceil(n/4) tokens.
