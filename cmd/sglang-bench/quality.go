@@ -52,9 +52,9 @@ func qualityPolicies() []policy {
 		sglangLoad("sglang_load least 10s no-inflight", 10*time.Second, "choose least", "inflight_correction off"),
 		sglangLoad("sglang_load least 1s", time.Second, "choose least"),
 		sglangLoad("sglang_load least 1s no-inflight", time.Second, "choose least", "inflight_correction off"),
-		// COST-MODEL ROWS: add them here once the option exists, one line each, e.g.
-		//	sglangLoad("sglang_load cost 10s", 10*time.Second, "choose cost"),
-		//	sglangLoad("sglang_load cost 1s", time.Second, "choose cost"),
+		sglangLoad("sglang_load cost 10s", 10*time.Second, "metric cost"),
+		sglangLoad("sglang_load cost 10s no-inflight", 10*time.Second, "metric cost", "inflight_correction off"),
+		sglangLoad("sglang_load cost 1s", time.Second, "metric cost"),
 	}
 }
 
