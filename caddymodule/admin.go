@@ -135,6 +135,9 @@ type workerView struct {
 
 	Inflight int64      `json:"inflight"` // the proxy's requests in flight to the upstream now
 	Score    *scoreView `json:"score"`    // null when the policy has no usable load for it
+	// AffinityBlocks is how many prompt blocks the affinity indexes remember sending to this worker
+	// (64 tokens each); absent when no policy with affinity knows the worker.
+	AffinityBlocks *int64 `json:"affinity_blocks,omitempty"`
 }
 
 type reportView struct {
@@ -214,6 +217,9 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 	if h := ep.host.Load(); h != nil {
 		v.Inflight = int64(h.NumRequests())
 	}
+	if n, ok := ep.affinityBlocks(); ok {
+		v.AffinityBlocks = &n
+	}
 	if snap == nil {
 		return v
 	}
@@ -240,7 +246,7 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 				}
 			}
 			params := defaultCostParams()
-			if pc := ep.priced(now, v.Inflight, referenceRequest, &params); pc.Priced {
+			if pc := ep.priced(now, v.Inflight, referenceRequest, 0, &params); pc.Priced {
 				v.Score.CostSeconds = &pc.Cost
 			}
 			if speed, ok := ep.fresh(now).PrefillTokensPerSec(); ok {

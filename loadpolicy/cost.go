@@ -41,17 +41,37 @@ type Since struct {
 	Extra int64
 	// Sent counts the requests the proxy sent to the worker since the report, and their sizes.
 	Sent, SentPrompt, SentOutput int64
+	// SentWeighted is the sum over those requests of output x (prompt + output): their KV tokens
+	// weighted by how long they stay, since the requests still running are mostly the long ones.
+	SentWeighted int64
 }
 
 // SentTotals are running totals of the requests sent to a worker; a report is stamped with them when
 // it arrives, so that the requests sent since are the difference.
 type SentTotals struct {
-	Requests, PromptTokens, OutputTokens int64
+	Requests, PromptTokens, OutputTokens, Weighted int64
 }
 
 // Sub is the requests sent between o and t.
 func (t SentTotals) Sub(o SentTotals) SentTotals {
-	return SentTotals{t.Requests - o.Requests, t.PromptTokens - o.PromptTokens, t.OutputTokens - o.OutputTokens}
+	return SentTotals{t.Requests - o.Requests, t.PromptTokens - o.PromptTokens, t.OutputTokens - o.OutputTokens, t.Weighted - o.Weighted}
+}
+
+// Since is what happened after a report stamped with o, when the totals are t.
+func (t SentTotals) Since(o SentTotals, elapsed time.Duration, extra int64) Since {
+	d := t.Sub(o)
+	if d.Requests < 0 {
+		d = SentTotals{} // o was stamped by totals that started again (another config's)
+	}
+	return Since{Elapsed: elapsed, Extra: extra, Sent: d.Requests, SentPrompt: d.PromptTokens, SentOutput: d.OutputTokens, SentWeighted: d.Weighted}
+}
+
+// Add counts one more request sent.
+func (t *SentTotals) Add(req Request) {
+	t.Requests++
+	t.PromptTokens += req.PromptTokens
+	t.OutputTokens += req.OutputTokens
+	t.Weighted += req.OutputTokens * (req.PromptTokens + req.OutputTokens)
 }
 
 // workload is what the cost model reads of a report, derived once when the report is built.
@@ -172,14 +192,24 @@ func (r *Report) Cost(req Request, cached int64, since Since, p *CostParams) flo
 	newLeft := min(max(now-oldLeft, 0), sent)
 	present := oldLeft + newLeft
 	// Their KV tokens: a reported request holds its share of what the report counts, plus the output
-	// still to come for the queued ones; a request sent since holds its own prompt and output.
+	// still to come for the queued ones; a request sent since holds its own prompt and output. Once
+	// requests have finished, those left are mostly the long ones: a request stays in proportion to its
+	// output, so the survivors' mean size is the output-weighted mean of the sizes sent, and the
+	// reported requests' mean grows by the same factor.
 	var tokens float64
-	if oldLeft > 0 {
-		tokens = float64(oldLeft) * (float64(w.tokens) + float64(w.waiting)*meanOut) / float64(w.requests)
+	perOld, perNew := 0.0, 0.0
+	if w.requests > 0 {
+		perOld = (float64(w.tokens) + float64(w.waiting)*meanOut) / float64(w.requests)
 	}
-	if newLeft > 0 {
-		tokens += float64(newLeft) * float64(since.SentPrompt+since.SentOutput) / float64(sent)
+	if sent > 0 {
+		perNew = float64(since.SentPrompt+since.SentOutput) / float64(sent)
+		if finished > 0 && since.SentOutput > 0 && perNew > 0 {
+			survivors := float64(since.SentWeighted) / float64(since.SentOutput)
+			perOld *= atLeast(survivors/perNew, 1)
+			perNew = atLeast(survivors, perNew)
+		}
 	}
+	tokens = float64(oldLeft)*perOld + min(float64(newLeft)*perNew, float64(since.SentPrompt+since.SentOutput))
 
 	// The batch this request joins, and the per-request decode speed there: a decode step reads the
 	// weights once for the whole batch and each request's KV, so per-request speed falls slowly with the

@@ -80,6 +80,17 @@ func TestCost(t *testing.T) {
 			since: Since{Elapsed: time.Second, Extra: -1, Sent: 2, SentPrompt: 800, SentOutput: 200}, want: 2.05,
 		},
 		{
+			// Sent since: three short requests (100 + 10 tokens) and a long one (2000 + 1000); the count
+			// fell by 2, so 6 finished: none of the 4 reported, 2 of the 4 sent are left. They are most
+			// likely the long one and a short one: the output-weighted mean size is 3003300/1030 tokens,
+			// 2 of them capped at the 3330 sent. Adding 500 is 330 over the pool of 3500; 3330/2 tokens a
+			// request; batch 3; the 2300 prompt tokens were prefilled in the second since.
+			name: "finished since, the long ones left", ranks: []Rank{worker(4, 0, 0, 1000, 3500, 8, 200)},
+			req:   Request{400, 100},
+			since: Since{Elapsed: time.Second, Extra: -2, Sent: 4, SentPrompt: 2300, SentOutput: 1030, SentWeighted: 3003300},
+			want:  330.0/1665*(100/perRequest(busyAlone, 3)/3) + 100/perRequest(busyAlone, 3) + 0.05,
+		},
+		{
 			// Just sent, not yet prefilled: 800 tokens ahead, (800 + 400)/8000 = 0.15; batch 7.
 			name: "sent since, queued", ranks: []Rank{busy}, req: Request{400, 100},
 			since: Since{Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200}, want: 100/perRequest(busyAlone, 7) + 0.15,
