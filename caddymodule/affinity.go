@@ -92,7 +92,7 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, r *http.Reques
 	metrics.selectedByLoad.Inc()
 	metrics.affinityOutcomes[choice.Outcome].Inc()
 	if ep := c.endpoint(choice.Index); ep != nil {
-		ep.placed(st.size)
+		ep.placed(st.size, choice.CachedTokens)
 	}
 	p.noteOutput(st.size.OutputTokens)
 	if len(st.key.Blocks) > 0 {
@@ -218,7 +218,7 @@ func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, r *http.Request, w
 	}
 	metrics.selectedByLoad.Inc()
 	if ep := endpointOf(idx); ep != nil {
-		ep.placed(size)
+		ep.placed(size, 0)
 	}
 	p.noteOutput(size.OutputTokens)
 	return pool[idx]

@@ -74,6 +74,12 @@ func chatBody(size int) []byte {
 // TestCostMetricKeepsTheBody sends bodies of every kind the policy reads, skips or reads only the head of
 // through Caddy with the cost metric, and checks that the upstream receives exactly the bytes sent.
 func TestCostMetricKeepsTheBody(t *testing.T) {
+	for _, policy := range []string{"metric cost\n\t\t\tread_body 64KiB", "affinity prefix"} {
+		t.Run(policy, func(t *testing.T) { testBodyKept(t, policy) })
+	}
+}
+
+func testBodyKept(t *testing.T, policy string) {
 	a, b := newHashingWorker(t, 1, 1000), newHashingWorker(t, 1, 1000)
 	tester := caddytest.NewTester(t)
 	tester.InitServer(fmt.Sprintf(`{
@@ -88,11 +94,10 @@ func TestCostMetricKeepsTheBody(t *testing.T) {
 http://localhost:9080 {
 	reverse_proxy %s %s {
 		lb_policy sglang_load {
-			metric cost
-			read_body 64KiB
+			%s
 		}
 	}
-}`, a.addr(), b.addr()), "caddyfile")
+}`, a.addr(), b.addr(), policy), "caddyfile")
 	waitWorkers(t, 10*time.Second, "both polled", polledOK, &testWorker{srv: a.srv}, &testWorker{srv: b.srv})
 
 	big := chatBody(10 << 20)
@@ -196,5 +201,73 @@ http://localhost:9080 {
 	if bad.requests.Load() != 1 || good.requests.Load() != 1 {
 		t.Errorf("requests: dropping upstream %d, good one %d; want 1 each (tried, then retried)",
 			bad.requests.Load(), good.requests.Load())
+	}
+}
+
+// TestAffinityPrefix: requests that share a long system prompt go to one worker while the workers are
+// equally loaded; requests with prompts of their own spread; the decisions are counted.
+func TestAffinityPrefix(t *testing.T) {
+	ws := []*hashingWorker{newHashingWorker(t, 2, 1000), newHashingWorker(t, 2, 1000), newHashingWorker(t, 2, 1000)}
+	tester := caddytest.NewTester(t)
+	tester.InitServer(fmt.Sprintf(`{
+	admin localhost:2999
+	http_port 9080
+	https_port 9443
+	grace_period 1ns
+	sglang_load {
+		interval 100ms
+	}
+}
+http://localhost:9080 {
+	reverse_proxy %s %s %s {
+		lb_policy sglang_load {
+			affinity prefix
+		}
+	}
+}`, ws[0].addr(), ws[1].addr(), ws[2].addr()), "caddyfile")
+	waitWorkers(t, 10*time.Second, "all polled", polledOK, &testWorker{srv: ws[0].srv}, &testWorker{srv: ws[1].srv}, &testWorker{srv: ws[2].srv})
+	before := metricValue(t, scrape(t), "caddy_sglang_load_affinity_decisions_total", `outcome="followed"`)
+
+	send := func(system string, n int) []int64 {
+		start := make([]int64, len(ws))
+		for i, w := range ws {
+			start[i] = w.requests.Load()
+		}
+		for i := range n {
+			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}],"max_tokens":16}`, system, i)
+			resp, err := http.Post("http://localhost:9080/v1/chat/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+		got := make([]int64, len(ws))
+		for i, w := range ws {
+			got[i] = w.requests.Load() - start[i]
+		}
+		return got
+	}
+	shared := strings.Repeat("You are a helpful assistant who answers in French. ", 60) // ~3 KiB: 12 blocks
+	got := send(shared, 30)
+	if most := max(got[0], got[1], got[2]); most != 30 {
+		t.Errorf("requests sharing a system prompt went to %v, want all 30 on one worker", got)
+	}
+	after := metricValue(t, scrape(t), "caddy_sglang_load_affinity_decisions_total", `outcome="followed"`)
+	if after-before < 30 {
+		t.Errorf("followed decisions grew by %v, want 30", after-before)
+	}
+
+	// 30 prompts of their own, one request each: rendezvous spreads them over the workers.
+	spread := make([]int64, len(ws))
+	for i := range 30 {
+		got := send(fmt.Sprintf("%d: %s", i, shared), 1)
+		for j := range spread {
+			spread[j] += got[j]
+		}
+	}
+	for j, n := range spread {
+		if n == 0 {
+			t.Errorf("distinct prefixes went to %v: worker %d got none", spread, j)
+		}
 	}
 }

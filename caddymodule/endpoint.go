@@ -79,7 +79,7 @@ type endpoint struct {
 
 	// sent totals the requests the cost model placed here and their sizes; each report is stamped
 	// with them, so the requests sent since are the difference.
-	sentRequests, sentPrompt, sentOutput, sentWeighted atomic.Int64
+	sentRequests, sentPrompt, sentOutput, sentWeighted, sentUncached atomic.Int64
 
 	// affinity lists the affinity indexes that know this endpoint's upstream, for the admin view.
 	affinityMu sync.Mutex
@@ -112,17 +112,18 @@ func (ep *endpoint) affinityBlocks() (int64, bool) {
 
 func (ep *endpoint) sentTotals() loadpolicy.SentTotals {
 	return loadpolicy.SentTotals{Requests: ep.sentRequests.Load(), PromptTokens: ep.sentPrompt.Load(),
-		OutputTokens: ep.sentOutput.Load(), Weighted: ep.sentWeighted.Load()}
+		OutputTokens: ep.sentOutput.Load(), Weighted: ep.sentWeighted.Load(), Uncached: ep.sentUncached.Load()}
 }
 
-// placed counts a request the cost model sent here.
-func (ep *endpoint) placed(req loadpolicy.Request) {
+// placed counts a request the cost model sent here, cached of whose prompt tokens it holds.
+func (ep *endpoint) placed(req loadpolicy.Request, cached int64) {
 	var d loadpolicy.SentTotals
-	d.Add(req)
+	d.Add(req, cached)
 	ep.sentRequests.Add(d.Requests)
 	ep.sentPrompt.Add(d.PromptTokens)
 	ep.sentOutput.Add(d.OutputTokens)
 	ep.sentWeighted.Add(d.Weighted)
+	ep.sentUncached.Add(d.Uncached)
 }
 
 // priced is candidate with the cost model's price of req.

@@ -44,17 +44,20 @@ type Since struct {
 	// SentWeighted is the sum over those requests of output x (prompt + output): their KV tokens
 	// weighted by how long they stay, since the requests still running are mostly the long ones.
 	SentWeighted int64
+	// SentUncached is their prompt tokens that were not cached where they went: prefill work.
+	SentUncached int64
 }
 
 // SentTotals are running totals of the requests sent to a worker; a report is stamped with them when
 // it arrives, so that the requests sent since are the difference.
 type SentTotals struct {
-	Requests, PromptTokens, OutputTokens, Weighted int64
+	Requests, PromptTokens, OutputTokens, Weighted, Uncached int64
 }
 
 // Sub is the requests sent between o and t.
 func (t SentTotals) Sub(o SentTotals) SentTotals {
-	return SentTotals{t.Requests - o.Requests, t.PromptTokens - o.PromptTokens, t.OutputTokens - o.OutputTokens, t.Weighted - o.Weighted}
+	return SentTotals{t.Requests - o.Requests, t.PromptTokens - o.PromptTokens, t.OutputTokens - o.OutputTokens,
+		t.Weighted - o.Weighted, t.Uncached - o.Uncached}
 }
 
 // Since is what happened after a report stamped with o, when the totals are t.
@@ -63,15 +66,17 @@ func (t SentTotals) Since(o SentTotals, elapsed time.Duration, extra int64) Sinc
 	if d.Requests < 0 {
 		d = SentTotals{} // o was stamped by totals that started again (another config's)
 	}
-	return Since{Elapsed: elapsed, Extra: extra, Sent: d.Requests, SentPrompt: d.PromptTokens, SentOutput: d.OutputTokens, SentWeighted: d.Weighted}
+	return Since{Elapsed: elapsed, Extra: extra, Sent: d.Requests, SentPrompt: d.PromptTokens, SentOutput: d.OutputTokens,
+		SentWeighted: d.Weighted, SentUncached: d.Uncached}
 }
 
-// Add counts one more request sent.
-func (t *SentTotals) Add(req Request) {
+// Add counts one more request sent, cached of whose prompt tokens were cached where it went.
+func (t *SentTotals) Add(req Request, cached int64) {
 	t.Requests++
 	t.PromptTokens += req.PromptTokens
 	t.OutputTokens += req.OutputTokens
 	t.Weighted += req.OutputTokens * (req.PromptTokens + req.OutputTokens)
+	t.Uncached += max(req.PromptTokens-max(cached, 0), 0)
 }
 
 // workload is what the cost model reads of a report, derived once when the report is built.
@@ -250,14 +255,19 @@ func (r *Report) Cost(req Request, cached int64, since Since, p *CostParams) flo
 		}
 	}
 
-	// Prefill: the queued prompts ahead, plus the requests sent since, less what the worker prefilled
-	// since; then this prompt's uncached part on one rank.
+	// Prefill: the queued prompts ahead, plus the uncached prompts of the requests sent since that have
+	// not finished (a finished request was prefilled), less what the worker prefilled since; then this
+	// prompt's uncached part on one rank.
 	speed := p.PrefillTokensPerSec
 	if w.prefillOK {
 		speed = w.prefill
 	}
 	invSpeed := 1 / atLeast(speed, 1)
-	ahead := atLeast(float64(w.queued+max(since.SentPrompt, 0))-since.Elapsed.Seconds()/invSpeed, 0)
+	var sentAhead float64
+	if sent > 0 {
+		sentAhead = float64(max(since.SentUncached, 0)) * float64(newLeft) / float64(sent)
+	}
+	ahead := atLeast(float64(w.queued)+sentAhead-since.Elapsed.Seconds()/invSpeed, 0)
 	uncached := atLeast(prompt-float64(max(cached, 0)), 0)
 	prefill := (ahead + uncached*float64(max(w.ranks, 1))) * invSpeed
 

@@ -70,14 +70,14 @@ func TestCost(t *testing.T) {
 			// Two requests sent since (800 prompt, 200 output tokens), none finished, 1 s ago: 6 present,
 			// batch 7; the 800 queued prompt tokens were prefilled in that second: prefill 0.05.
 			name: "sent since, projected", ranks: []Rank{busy}, req: Request{400, 100},
-			since: Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200},
+			since: Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800},
 			want:  100/perRequest(busyAlone, 7) + 0.05,
 		},
 		{
 			// The same two sent but the count fell by 1: 3 finished, the oldest first, so 1 of the 4
 			// reported and both new ones remain: batch 4 at 50 tok/s, decode 2; prefill 0.05.
 			name: "finished since", ranks: []Rank{busy}, req: Request{400, 100},
-			since: Since{Elapsed: time.Second, Extra: -1, Sent: 2, SentPrompt: 800, SentOutput: 200}, want: 2.05,
+			since: Since{Elapsed: time.Second, Extra: -1, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800}, want: 2.05,
 		},
 		{
 			// Sent since: three short requests (100 + 10 tokens) and a long one (2000 + 1000); the count
@@ -93,7 +93,7 @@ func TestCost(t *testing.T) {
 		{
 			// Just sent, not yet prefilled: 800 tokens ahead, (800 + 400)/8000 = 0.15; batch 7.
 			name: "sent since, queued", ranks: []Rank{busy}, req: Request{400, 100},
-			since: Since{Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200}, want: 100/perRequest(busyAlone, 7) + 0.15,
+			since: Since{Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800}, want: 100/perRequest(busyAlone, 7) + 0.15,
 		},
 		{
 			// Counters moved 4000 tokens in 1 s of busy prefill: 4000 tok/s. Idle now; decode carried
@@ -211,7 +211,7 @@ func TestChooseWindowIsBounded(t *testing.T) {
 func BenchmarkCost(b *testing.B) {
 	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, MeanOutputTokens: 100}
 	rep := NewReport(time.Unix(0, 0), "", []Rank{worker(4, 2, 1000, 9000, 10000, 8, 200)})
-	since := Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200}
+	since := Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800}
 	var sink float64
 	for b.Loop() {
 		sink += rep.Cost(Request{400, 100}, 0, since, &params)
