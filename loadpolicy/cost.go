@@ -92,15 +92,27 @@ type workload struct {
 	decodeAt int64
 	// decodePerRequest is decode / decodeAt, and decodeAtLess1 decodeAt - 1: what Cost reads of them.
 	decodePerRequest, decodeAtLess1 float64
-	prefill                         float64 // measured prefill speed of the whole worker, tokens/s; 0 when never measured
-	prefillOK                       bool    // prefill was measured from the worker's counters (by this report or an earlier one)
-	has                             bool    // the report carries the counts the model needs
+	// aloneFloor is the least speed of a request alone that the worker's recent reports support (at
+	// referenceHalving): a throughput measured over a window while the batch grew reads low, and a
+	// worker's speed alone is a property of its model and hardware.
+	aloneFloor float64
+	prefill    float64 // measured prefill speed of the whole worker, tokens/s; 0 when never measured
+	prefillOK  bool    // prefill was measured from the worker's counters (by this report or an earlier one)
+	has        bool    // the report carries the counts the model needs
 }
 
 func (w *workload) setDecode(throughput float64, batch int64) {
 	w.decode, w.decodeAt = throughput, batch
 	w.decodePerRequest, w.decodeAtLess1 = throughput/float64(batch), float64(batch-1)
+	w.aloneFloor = w.decodePerRequest * (1 + w.decodeAtLess1/referenceHalving)
 }
+
+// referenceHalving is the batch halving at which reports' decode speeds are compared across polls, and
+// decodeMemory how much of the best recent one a report keeps as a floor.
+const (
+	referenceHalving = 32
+	decodeMemory     = 0.8
+)
 
 // minPrefillBusy is the least prefill time between two polls that measures a speed: below it the
 // counters' rounding dominates.
@@ -146,6 +158,7 @@ func (r *Report) Follow(prev *Report) {
 	if r.work.decode == 0 && prev.work.decode > 0 {
 		r.work.setDecode(prev.work.decode, prev.work.decodeAt)
 	}
+	r.work.aloneFloor = max(r.work.aloneFloor, prev.work.aloneFloor*decodeMemory)
 	r.work.prefill, r.work.prefillOK = prev.work.prefill, prev.work.prefillOK
 	if len(prev.Ranks) != len(r.Ranks) {
 		return
@@ -228,7 +241,7 @@ func (r *Report) Cost(req Request, cached int64, since Since, p *CostParams) flo
 	invHalving := 1 / atLeast(p.DecodeBatchHalving, 1)
 	alone := p.DecodeTokensPerSec // one request's speed in a batch of its own
 	if w.decode > 0 {
-		alone = w.decodePerRequest * (1 + w.decodeAtLess1*invHalving)
+		alone = max(w.decodePerRequest*(1+w.decodeAtLess1*invHalving), w.aloneFloor)
 	}
 	alone = atLeast(alone, 1e-3)
 	slowdown := 1 + float64(batch-1)*invHalving

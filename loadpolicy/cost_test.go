@@ -104,6 +104,15 @@ func TestCost(t *testing.T) {
 			req:   Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.1,
 		},
 		{
+			// The previous report measured 400 tok/s at batch 2 (200 each, 203.125 alone at the reference
+			// halving of 32); this one reads 50 at batch 4 (a window that lagged the batch): the floor
+			// keeps 0.8 x 203.125 = 162.5 alone; batch 5 at halving 16; prefill 0.05.
+			name:  "decode floor from the previous report",
+			prev:  []Rank{worker(2, 0, 0, 1000, 10000, 8, 400)},
+			ranks: []Rank{worker(4, 0, 0, 1000, 10000, 8, 50)},
+			req:   Request{400, 100}, want: 100/perRequest(0.8*200*(1+1.0/32), 5) + 0.05,
+		},
+		{
 			// Two DP ranks: the worker prefills 8000 tok/s, a prompt runs on one rank at 4000: 400/4000 = 0.1.
 			name: "two ranks", ranks: []Rank{worker(0, 0, 0, 0, 10000, 8, 0), worker(0, 0, 0, 0, 10000, 8, 0)},
 			req: Request{400, 100}, want: 2.1,
