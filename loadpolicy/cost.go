@@ -206,28 +206,34 @@ func (r *Report) Cost(req Request, cached int64, since Since, p *CostParams) flo
 	sent := max(since.Sent, 0)
 	now := max(w.requests+since.Extra, 0)
 	finished := max(sent-since.Extra, 0)
-	oldLeft := max(w.requests-finished, 0)
+	finishedOld := min(finished, w.requests)
+	oldLeft := w.requests - finishedOld
 	newLeft := min(max(now-oldLeft, 0), sent)
 	present := oldLeft + newLeft
-	// Their KV tokens: a reported request holds its share of what the report counts, plus the output
-	// still to come for the queued ones; a request sent since holds its own prompt and output. Once
-	// requests have finished, those left are mostly the long ones: a request stays in proportion to its
-	// output, so the survivors' mean size is the output-weighted mean of the sizes sent, and the
-	// reported requests' mean grows by the same factor.
+	// Their KV tokens. Every request sent finishes once, so the requests that finish are, on the whole,
+	// of the mean size sent: the reported ones lose that much each. The requests sent since that are
+	// left are mostly the long ones: a request stays in proportion to its output, so their mean size is
+	// the output-weighted mean of the sizes sent (at most what was sent).
+	sentTokens := float64(max(since.SentPrompt+since.SentOutput, 0))
+	oldTokens := float64(w.tokens) + float64(w.waiting)*meanOut
 	var tokens float64
-	perOld, perNew := 0.0, 0.0
-	if w.requests > 0 {
-		perOld = (float64(w.tokens) + float64(w.waiting)*meanOut) / float64(w.requests)
-	}
-	if sent > 0 {
-		perNew = float64(since.SentPrompt+since.SentOutput) / float64(sent)
-		if finished > 0 && since.SentOutput > 0 && perNew > 0 {
-			survivors := float64(since.SentWeighted) / float64(since.SentOutput)
-			perOld *= atLeast(survivors/perNew, 1)
-			perNew = atLeast(survivors, perNew)
+	switch {
+	case oldLeft == 0:
+	case finishedOld > 0:
+		meanSize := oldTokens / float64(w.requests)
+		if sent > 0 {
+			meanSize = sentTokens / float64(sent)
 		}
+		tokens = atLeast(oldTokens-float64(finishedOld)*meanSize, 0)
+	default:
+		tokens = oldTokens
 	}
-	tokens = float64(oldLeft)*perOld + min(float64(newLeft)*perNew, float64(since.SentPrompt+since.SentOutput))
+	switch {
+	case newLeft == sent:
+		tokens += sentTokens
+	case newLeft > 0 && since.SentOutput > 0:
+		tokens += min(float64(newLeft)*float64(since.SentWeighted)/float64(since.SentOutput), sentTokens)
+	}
 
 	// The batch this request joins, and the per-request decode speed there: a decode step reads the
 	// weights once for the whole batch and each request's KV, so per-request speed falls slowly with the
