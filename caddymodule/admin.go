@@ -246,7 +246,7 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 				}
 			}
 			params := defaultCostParams()
-			if pc := ep.priced(now, v.Inflight, referenceRequest, 0, &params); pc.Priced {
+			if pc := ep.priced(now, v.Inflight, referenceRequest, 0, &params, false); pc.Priced {
 				v.Score.CostSeconds = &pc.Cost
 			}
 			if speed, ok := ep.fresh(now).PrefillTokensPerSec(); ok {

@@ -146,7 +146,7 @@ func (c *affinityCandidates) Cost(i int, cached int64) (float64, bool) {
 		}
 	}
 	ep.noteHost(u.Host)
-	cand := ep.priced(c.now, int64(u.NumRequests()), c.size, cached, &c.params)
+	cand := ep.priced(c.now, int64(u.NumRequests()), c.size, cached, &c.params, c.p.noExtra)
 	return cand.Cost, cand.Priced
 }
 
@@ -211,7 +211,7 @@ func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, r *http.Request, w
 			}
 		}
 		ep.noteHost(u.Host)
-		return ep.priced(now, inflight, size, 0, &params), true
+		return ep.priced(now, inflight, size, 0, &params, p.noExtra), true
 	}, rand.IntN)
 	if !ok {
 		return p.selectFallback(pool, r, w)

@@ -126,15 +126,20 @@ func (ep *endpoint) placed(req loadpolicy.Request, cached int64) {
 	ep.sentUncached.Add(d.Uncached)
 }
 
-// priced is candidate with the cost model's price of req.
-func (ep *endpoint) priced(now time.Time, inflight int64, req loadpolicy.Request, cached int64, params *loadpolicy.CostParams) loadpolicy.Candidate {
+// priced is candidate with the cost model's price of req, cached of whose prompt tokens the worker
+// holds; reportOnly prices it on the report as it came, without what happened since (inflight_correction off).
+func (ep *endpoint) priced(now time.Time, inflight int64, req loadpolicy.Request, cached int64, params *loadpolicy.CostParams, reportOnly bool) loadpolicy.Candidate {
 	c := loadpolicy.Candidate{Inflight: inflight}
 	rep := ep.fresh(now)
 	if rep == nil || !rep.Priced() {
 		return c
 	}
+	var since loadpolicy.Since
+	if !reportOnly {
+		since = ep.sentTotals().Since(rep.Sent, now.Sub(rep.Received), inflight-rep.Inflight)
+	}
 	c.Priced = true
-	c.Cost = rep.Cost(req, cached, ep.sentTotals().Since(rep.Sent, now.Sub(rep.Received), inflight-rep.Inflight), params)
+	c.Cost = rep.Cost(req, cached, since, params)
 	return c
 }
 

@@ -105,8 +105,8 @@ type Policy struct {
 	// it carries a worker's measured speed at one batch size to another. Default: 32.
 	DecodeBatchHalving float64 `json:"decode_batch_halving,omitempty"`
 
-	// Whether to count the proxy's own requests started since a worker's last report as load on it.
-	// Off compares workers on their reports alone, so between two polls every request goes to the
+	// Whether to count the proxy's own requests started since a worker's last report as load on it
+	// (with the cost metric: to project the report to now). Off compares workers on their reports alone, so between two polls every request goes to the
 	// worker that looked least loaded; it is there for benchmarks and diagnosis. Default: true (on).
 	InflightCorrection *bool `json:"inflight_correction,omitempty"`
 

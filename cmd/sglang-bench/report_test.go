@@ -164,7 +164,8 @@ func TestArmsAgainstSimulatedWorkers(t *testing.T) {
 			t.Fatalf("%s: %d samples for %d jobs", a.policy.name, len(a.samples), len(jobs))
 		}
 		for _, s := range a.samples {
-			if !s.ok || s.worker < 0 || s.ttft <= 0 || s.ttft > s.latency || s.out != shape.outputTokens {
+			// Answers end early (benchSimOptions): between 0.3x and 1x of the output asked for.
+			if !s.ok || s.worker < 0 || s.ttft <= 0 || s.ttft > s.latency || s.out < 1 || s.out > shape.outputTokens {
 				t.Fatalf("%s: sample %+v", a.policy.name, s)
 			}
 			if want := shape.systemTokens + shape.questionTokens; s.prompt != want {
