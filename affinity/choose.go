@@ -98,10 +98,11 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	var ids [Holders]uint32
 	var depth [Holders]int
 	if x != nil {
-		ids, depth = x.holders(key.Blocks)
+		ids = x.firstHolders(key.Blocks)
 	}
 	rkey := key.Blocks[min(len(key.Blocks), RendezvousBlocks)-1]
-	// The presumed holder: the first worker in rendezvous order within the bound.
+	// The presumed holder: the first worker in rendezvous order within the bound. The index's holders
+	// that may get credit are looked up further.
 	presumed, bestScore := -1, uint64(0)
 	for i := range n {
 		w := c.Worker(i)
@@ -111,10 +112,15 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		if s := rendezvous(rkey, w.Hash); presumed < 0 || s > bestScore {
 			presumed, bestScore = i, s
 		}
+		for j, id := range ids {
+			if id == w.ID && depth[j] == 0 {
+				depth[j] = 1 + x.depth(key.Blocks[1:], id)
+			}
+		}
 	}
 
 	best := Choice{Index: -1}
-	bestCost, bestRank := math.Inf(1), uint64(0)
+	bestCost, bestHash := math.Inf(1), uint64(0)
 	credited := false
 	for i := range n {
 		w := c.Worker(i)
@@ -141,9 +147,11 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 			continue
 		}
 		credited = credited || cached > 0
-		rank := rendezvous(rkey, w.Hash)
-		if cost < bestCost || cost == bestCost && rank > bestRank || best.Index < 0 {
-			best, bestCost, bestRank = Choice{Index: i, CachedTokens: cached}, cost, rank
+		// The rendezvous rank breaks ties; it is computed only for them.
+		if cost < bestCost || best.Index < 0 {
+			best, bestCost, bestHash = Choice{Index: i, CachedTokens: cached}, cost, w.Hash
+		} else if cost == bestCost && rendezvous(rkey, w.Hash) > rendezvous(rkey, bestHash) {
+			best, bestHash = Choice{Index: i, CachedTokens: cached}, w.Hash
 		}
 	}
 	switch {

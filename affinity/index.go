@@ -109,10 +109,17 @@ func (x *Index) Match(blocks []uint64, w Worker) int {
 	return x.depth(blocks, w.ID)
 }
 
-// depth returns how many leading blocks id holds, by binary search: what the index holds of a prefix
-// is a prefix (see Record).
+// depth returns how many leading blocks id holds, by binary search: a chained block stands for its whole
+// prefix, and what the index holds of a prefix is a prefix (see Record). A key sent again whole is found
+// with one lookup.
 func (x *Index) depth(blocks []uint64, id uint32) int {
-	lo, hi := 0, len(blocks)
+	if len(blocks) == 0 {
+		return 0
+	}
+	if x.holds(blocks[len(blocks)-1], id) {
+		return len(blocks)
+	}
+	lo, hi := 0, len(blocks)-1
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
 		if x.holds(blocks[mid], id) {
@@ -133,11 +140,10 @@ func (x *Index) holds(block uint64, id uint32) bool {
 	return held
 }
 
-// holders returns the workers that hold the first block, the most recent first, and how many leading
-// blocks each holds.
-func (x *Index) holders(blocks []uint64) (ids [Holders]uint32, depth [Holders]int) {
+// firstHolders returns the workers that hold the first block, the most recent first.
+func (x *Index) firstHolders(blocks []uint64) (ids [Holders]uint32) {
 	if len(blocks) == 0 {
-		return ids, depth
+		return ids
 	}
 	s := x.shard(blocks[0])
 	s.mu.Lock()
@@ -145,12 +151,7 @@ func (x *Index) holders(blocks []uint64) (ids [Holders]uint32, depth [Holders]in
 		ids = e.holders
 	}
 	s.mu.Unlock()
-	for j, id := range ids {
-		if id != 0 {
-			depth[j] = 1 + x.depth(blocks[1:], id)
-		}
-	}
-	return ids, depth
+	return ids
 }
 
 // Blocks returns how many blocks the index holds for w, for the admin view.

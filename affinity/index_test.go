@@ -30,16 +30,15 @@ func TestIndexRecordMatch(t *testing.T) {
 	if got := x.Match(key, b); got != 0 {
 		t.Fatalf("match for a worker that never had it: %d", got)
 	}
-	if got := x.Match([]uint64{11, 99, 33}, a); got != 1 {
+	if got := x.Match([]uint64{11, 99, 98}, a); got != 1 {
 		t.Fatalf("match stops at the first miss: %d, want 1", got)
 	}
 	if got := x.Match(key, Worker{}); got != 0 {
 		t.Fatalf("the zero worker matches %d", got)
 	}
 	x.Record(key, b)
-	ids, depth := x.holders(key)
-	if ids[0] != b.ID || depth[0] != 4 || ids[1] != a.ID || depth[1] != 3 {
-		t.Fatalf("holders %v depths %v: want b (4 blocks) then a (3)", ids, depth)
+	if ids := x.firstHolders(key); ids[0] != b.ID || ids[1] != a.ID || x.Match(key, b) != 4 || x.Match(key, a) != 3 {
+		t.Fatalf("holders %v, matches %d and %d: want b (4 blocks) then a (3)", ids, x.Match(key, b), x.Match(key, a))
 	}
 	if x.Blocks(a) != 3 || x.Blocks(b) != 4 || x.Len() != 4 {
 		t.Fatalf("blocks a %d b %d, len %d; want 3, 4, 4", x.Blocks(a), x.Blocks(b), x.Len())
@@ -57,7 +56,7 @@ func TestIndexKeepsTheRecentHolders(t *testing.T) {
 		x.Record(block, w)
 	}
 	x.Record(block, ws[3]) // again: moves to the front, pushes nobody out
-	ids, _ := x.holders(block)
+	ids := x.firstHolders(block)
 	want := [Holders]uint32{ws[3].ID, ws[5].ID, ws[4].ID, ws[2].ID}
 	if ids != want {
 		t.Fatalf("holders %v, want %v", ids, want)
@@ -179,7 +178,7 @@ func TestIndexConcurrent(t *testing.T) {
 					t.Error("a key just recorded does not match")
 					return
 				}
-				x.holders(key)
+				x.firstHolders(key)
 			}
 		})
 	}
