@@ -179,12 +179,4 @@ func leastCost(c Candidates, n int) Choice {
 }
 
 // rendezvous is the weight of a worker for a key in highest-random-weight hashing.
-func rendezvous(key, worker uint64) uint64 {
-	h := key ^ worker
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	return h
-}
+func rendezvous(key, worker uint64) uint64 { return mix(key, worker) }
