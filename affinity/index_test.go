@@ -133,6 +133,36 @@ func TestIndexEvictsFromThePrefixEnd(t *testing.T) {
 	}
 }
 
+// TestIndexConversationKeepsItsDepth records a conversation's first turn, then its second, which
+// extends it, and evicts blocks one by one: a deeper block held means the worker got the whole prefix
+// up to it, whichever earlier blocks the index has dropped.
+func TestIndexConversationKeepsItsDepth(t *testing.T) {
+	x := NewIndex(64 << 10)
+	w := x.Worker("w")
+	limit := x.shards[0].limit()
+	key := inShard(20, 1)
+	x.Record(key[:10], w)
+	x.Record(key[:20], w) // LRU now, newest first: 0, 10..19, 1..9
+	filler := inShard(limit, 2)
+	evict := func(n int) {
+		for _, b := range filler[:n] {
+			x.Record([]uint64{b}, w)
+		}
+		filler = filler[n:]
+	}
+	evict(limit - 20 + 9) // fills the shard and evicts 9..1
+	if d := x.Match(key, w); d != 20 {
+		t.Fatalf("turn 1's blocks evicted: depth %d, want 20", d)
+	}
+	evict(5) // 19..15
+	if d := x.Match(key, w); d != 15 {
+		t.Fatalf("the end of turn 2 evicted: depth %d, want 15", d)
+	}
+	if d := x.Match(key[:12], w); d != 12 {
+		t.Fatalf("a shorter key: depth %d, want 12", d)
+	}
+}
+
 func TestIndexMemory(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
