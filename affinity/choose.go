@@ -20,6 +20,11 @@ type Key struct {
 	BlockTokens int64
 	// PromptTokens caps the cached tokens credited to a worker; 0 for no cap.
 	PromptTokens int64
+	// PresumedBlocks caps how many leading blocks the rendezvous-first worker is presumed to hold
+	// (see Choose); 0 presumes all of them. A small cap keeps a prompt no one shares from leaning on
+	// its rendezvous worker by its whole prefill, at the price of replicas agreeing less on where a
+	// new shared prefix goes.
+	PresumedBlocks int
 }
 
 // Candidates are the upstreams a request may go to, as the caller sees them.
@@ -131,6 +136,9 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		if c.Load(i)+1 <= bound {
 			if i == presumed {
 				blocks = len(key.Blocks)
+				if key.PresumedBlocks > 0 {
+					blocks = min(blocks, key.PresumedBlocks)
+				}
 			}
 			for j, id := range ids {
 				if id == w.ID {
