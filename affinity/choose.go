@@ -45,7 +45,7 @@ type Outcome uint8
 const (
 	NoKey    Outcome = iota // the request has no key: load alone chose
 	Followed                // the chosen worker was credited with the request's cached tokens
-	Yielded                 // a worker had the prefix, but load sent the request elsewhere
+	Yielded                 // the request has a key, but load chose a worker without credit
 )
 
 func (o Outcome) String() string {
@@ -68,7 +68,7 @@ type Choice struct {
 
 // Choose picks the candidate of least cost, each priced with the tokens of the key cached there. The
 // first worker within the bound in the rendezvous order of the key's first RendezvousBlocks blocks is
-// presumed to hold the whole key, so Caddy instances that share nothing send a prefix to the same
+// presumed to hold the whole key (or Key.PresumedBlocks of it), so Caddy instances that share nothing send a prefix to the same
 // worker; the index adds what it knows (a worker that got the prefix when the first was busy, a
 // conversation's longer history). On a nil Index the choice is a pure function of the key, the
 // candidates' names and their loads and costs.
@@ -126,7 +126,6 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 
 	best := Choice{Index: -1}
 	bestCost, bestHash := math.Inf(1), uint64(0)
-	credited := false
 	for i := range n {
 		w := c.Worker(i)
 		if w.ID == 0 {
@@ -154,7 +153,6 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		if !ok {
 			continue
 		}
-		credited = credited || cached > 0
 		// The rendezvous rank breaks ties; it is computed only for them.
 		if cost < bestCost || best.Index < 0 {
 			best, bestCost, bestHash = Choice{Index: i, CachedTokens: cached}, cost, w.Hash
@@ -166,7 +164,7 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	case best.Index < 0:
 	case best.CachedTokens > 0:
 		best.Outcome = Followed
-	case credited:
+	default:
 		best.Outcome = Yielded
 	}
 	return best
