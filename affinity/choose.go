@@ -20,6 +20,11 @@ type Key struct {
 	BlockTokens int64
 	// PromptTokens caps the cached tokens credited to a worker; 0 for no cap.
 	PromptTokens int64
+	// PresumedBlocks caps how many leading blocks the rendezvous-first worker is presumed to hold
+	// (see Choose); 0 presumes all of them. A small cap keeps a prompt no one shares from leaning on
+	// its rendezvous worker by its whole prefill, at the price of replicas agreeing less on where a
+	// new shared prefix goes.
+	PresumedBlocks int
 }
 
 // Candidates are the upstreams a request may go to, as the caller sees them.
@@ -40,7 +45,7 @@ type Outcome uint8
 const (
 	NoKey    Outcome = iota // the request has no key: load alone chose
 	Followed                // the chosen worker was credited with the request's cached tokens
-	Yielded                 // a worker had the prefix, but load sent the request elsewhere
+	Yielded                 // the request has a key, but load chose a worker without credit
 )
 
 func (o Outcome) String() string {
@@ -63,7 +68,7 @@ type Choice struct {
 
 // Choose picks the candidate of least cost, each priced with the tokens of the key cached there. The
 // first worker within the bound in the rendezvous order of the key's first RendezvousBlocks blocks is
-// presumed to hold the whole key, so Caddy instances that share nothing send a prefix to the same
+// presumed to hold the whole key (or Key.PresumedBlocks of it), so Caddy instances that share nothing send a prefix to the same
 // worker; the index adds what it knows (a worker that got the prefix when the first was busy, a
 // conversation's longer history). On a nil Index the choice is a pure function of the key, the
 // candidates' names and their loads and costs.
@@ -98,10 +103,11 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	var ids [Holders]uint32
 	var depth [Holders]int
 	if x != nil {
-		ids, depth = x.holders(key.Blocks)
+		ids = x.firstHolders(key.Blocks)
 	}
 	rkey := key.Blocks[min(len(key.Blocks), RendezvousBlocks)-1]
-	// The presumed holder: the first worker in rendezvous order within the bound.
+	// The presumed holder: the first worker in rendezvous order within the bound. The index's holders
+	// that may get credit are looked up further.
 	presumed, bestScore := -1, uint64(0)
 	for i := range n {
 		w := c.Worker(i)
@@ -111,11 +117,15 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		if s := rendezvous(rkey, w.Hash); presumed < 0 || s > bestScore {
 			presumed, bestScore = i, s
 		}
+		for j, id := range ids {
+			if id == w.ID && depth[j] == 0 {
+				depth[j] = 1 + x.depth(key.Blocks[1:], id)
+			}
+		}
 	}
 
 	best := Choice{Index: -1}
-	bestCost, bestRank := math.Inf(1), uint64(0)
-	credited := false
+	bestCost, bestHash := math.Inf(1), uint64(0)
 	for i := range n {
 		w := c.Worker(i)
 		if w.ID == 0 {
@@ -125,6 +135,9 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		if c.Load(i)+1 <= bound {
 			if i == presumed {
 				blocks = len(key.Blocks)
+				if key.PresumedBlocks > 0 {
+					blocks = min(blocks, key.PresumedBlocks)
+				}
 			}
 			for j, id := range ids {
 				if id == w.ID {
@@ -140,17 +153,18 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		if !ok {
 			continue
 		}
-		credited = credited || cached > 0
-		rank := rendezvous(rkey, w.Hash)
-		if cost < bestCost || cost == bestCost && rank > bestRank || best.Index < 0 {
-			best, bestCost, bestRank = Choice{Index: i, CachedTokens: cached}, cost, rank
+		// The rendezvous rank breaks ties; it is computed only for them.
+		if cost < bestCost || best.Index < 0 {
+			best, bestCost, bestHash = Choice{Index: i, CachedTokens: cached}, cost, w.Hash
+		} else if cost == bestCost && rendezvous(rkey, w.Hash) > rendezvous(rkey, bestHash) {
+			best, bestHash = Choice{Index: i, CachedTokens: cached}, w.Hash
 		}
 	}
 	switch {
 	case best.Index < 0:
 	case best.CachedTokens > 0:
 		best.Outcome = Followed
-	case credited:
+	default:
 		best.Outcome = Yielded
 	}
 	return best
@@ -171,12 +185,4 @@ func leastCost(c Candidates, n int) Choice {
 }
 
 // rendezvous is the weight of a worker for a key in highest-random-weight hashing.
-func rendezvous(key, worker uint64) uint64 {
-	h := key ^ worker
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	return h
-}
+func rendezvous(key, worker uint64) uint64 { return mix(key, worker) }

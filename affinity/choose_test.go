@@ -61,6 +61,11 @@ func TestChooseFollowsTheHolder(t *testing.T) {
 	if again.Index != first.Index || again.Outcome != Followed {
 		t.Fatalf("same prefix: %+v, want %d followed", again, first.Index)
 	}
+	capped := prefixKey(99, 32)
+	capped.PresumedBlocks = 2
+	if got := x.Choose(capped, f, 0); got.Outcome != Followed || got.CachedTokens != 2*BlockTokens {
+		t.Fatalf("a new prefix, 2 blocks presumed: %+v, want %d tokens credited", got, 2*BlockTokens)
+	}
 }
 
 func TestChooseSwampedHolderLosesToIdle(t *testing.T) {

@@ -78,9 +78,8 @@ func (x *Index) Worker(name string) Worker {
 func (x *Index) shard(block uint64) *shard { return &x.shards[block>>60] }
 
 // Record notes that w received the blocks. Only the blocks w did not hold are written, deepest first,
-// and the first block is touched: a prefix's first block is always its most recently used, so
-// eviction takes a prefix from its end and what is left is still a prefix. On a nil Index it does
-// nothing.
+// and the first block is touched: the first block of a prefix is its most recently used, and eviction
+// takes a prefix's blocks from the end of what each request added. On a nil Index it does nothing.
 func (x *Index) Record(blocks []uint64, w Worker) {
 	if x == nil || w.ID == 0 || len(blocks) == 0 {
 		return
@@ -109,19 +108,31 @@ func (x *Index) Match(blocks []uint64, w Worker) int {
 	return x.depth(blocks, w.ID)
 }
 
-// depth returns how many leading blocks id holds, by binary search: what the index holds of a prefix
-// is a prefix (see Record).
+// depth returns how many leading blocks id holds: one past the deepest block it holds, since a chained
+// block stands for its whole prefix (a worker that got block k got blocks 0 to k, whatever the index
+// has evicted of them since). It probes from the end at doubling distances, then bisects between the
+// last miss and the first hit: one lookup for a key sent again whole, a few for a longer one.
 func (x *Index) depth(blocks []uint64, id uint32) int {
-	lo, hi := 0, len(blocks)
-	for lo < hi {
-		mid := int(uint(lo+hi) >> 1)
-		if x.holds(blocks[mid], id) {
-			lo = mid + 1
-		} else {
-			hi = mid
+	miss := len(blocks) // blocks[miss] is not held; len(blocks): past the end
+	for step := 1; ; step *= 2 {
+		hit := max(len(blocks)-step, 0)
+		if hit >= miss {
+			return 0
 		}
+		if !x.holds(blocks[hit], id) {
+			miss = hit
+			continue
+		}
+		for miss-hit > 1 {
+			mid := int(uint(hit+miss) >> 1)
+			if x.holds(blocks[mid], id) {
+				hit = mid
+			} else {
+				miss = mid
+			}
+		}
+		return hit + 1
 	}
-	return lo
 }
 
 func (x *Index) holds(block uint64, id uint32) bool {
@@ -133,11 +144,10 @@ func (x *Index) holds(block uint64, id uint32) bool {
 	return held
 }
 
-// holders returns the workers that hold the first block, the most recent first, and how many leading
-// blocks each holds.
-func (x *Index) holders(blocks []uint64) (ids [Holders]uint32, depth [Holders]int) {
+// firstHolders returns the workers that hold the first block, the most recent first.
+func (x *Index) firstHolders(blocks []uint64) (ids [Holders]uint32) {
 	if len(blocks) == 0 {
-		return ids, depth
+		return ids
 	}
 	s := x.shard(blocks[0])
 	s.mu.Lock()
@@ -145,12 +155,7 @@ func (x *Index) holders(blocks []uint64) (ids [Holders]uint32, depth [Holders]in
 		ids = e.holders
 	}
 	s.mu.Unlock()
-	for j, id := range ids {
-		if id != 0 {
-			depth[j] = 1 + x.depth(blocks[1:], id)
-		}
-	}
-	return ids, depth
+	return ids
 }
 
 // Blocks returns how many blocks the index holds for w, for the admin view.

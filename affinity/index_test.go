@@ -30,16 +30,15 @@ func TestIndexRecordMatch(t *testing.T) {
 	if got := x.Match(key, b); got != 0 {
 		t.Fatalf("match for a worker that never had it: %d", got)
 	}
-	if got := x.Match([]uint64{11, 99, 33}, a); got != 1 {
+	if got := x.Match([]uint64{11, 99, 98}, a); got != 1 {
 		t.Fatalf("match stops at the first miss: %d, want 1", got)
 	}
 	if got := x.Match(key, Worker{}); got != 0 {
 		t.Fatalf("the zero worker matches %d", got)
 	}
 	x.Record(key, b)
-	ids, depth := x.holders(key)
-	if ids[0] != b.ID || depth[0] != 4 || ids[1] != a.ID || depth[1] != 3 {
-		t.Fatalf("holders %v depths %v: want b (4 blocks) then a (3)", ids, depth)
+	if ids := x.firstHolders(key); ids[0] != b.ID || ids[1] != a.ID || x.Match(key, b) != 4 || x.Match(key, a) != 3 {
+		t.Fatalf("holders %v, matches %d and %d: want b (4 blocks) then a (3)", ids, x.Match(key, b), x.Match(key, a))
 	}
 	if x.Blocks(a) != 3 || x.Blocks(b) != 4 || x.Len() != 4 {
 		t.Fatalf("blocks a %d b %d, len %d; want 3, 4, 4", x.Blocks(a), x.Blocks(b), x.Len())
@@ -57,7 +56,7 @@ func TestIndexKeepsTheRecentHolders(t *testing.T) {
 		x.Record(block, w)
 	}
 	x.Record(block, ws[3]) // again: moves to the front, pushes nobody out
-	ids, _ := x.holders(block)
+	ids := x.firstHolders(block)
 	want := [Holders]uint32{ws[3].ID, ws[5].ID, ws[4].ID, ws[2].ID}
 	if ids != want {
 		t.Fatalf("holders %v, want %v", ids, want)
@@ -134,6 +133,36 @@ func TestIndexEvictsFromThePrefixEnd(t *testing.T) {
 	}
 }
 
+// TestIndexConversationKeepsItsDepth records a conversation's first turn, then its second, which
+// extends it, and evicts blocks one by one: a deeper block held means the worker got the whole prefix
+// up to it, whichever earlier blocks the index has dropped.
+func TestIndexConversationKeepsItsDepth(t *testing.T) {
+	x := NewIndex(64 << 10)
+	w := x.Worker("w")
+	limit := x.shards[0].limit()
+	key := inShard(20, 1)
+	x.Record(key[:10], w)
+	x.Record(key[:20], w) // LRU now, newest first: 0, 10..19, 1..9
+	filler := inShard(limit, 2)
+	evict := func(n int) {
+		for _, b := range filler[:n] {
+			x.Record([]uint64{b}, w)
+		}
+		filler = filler[n:]
+	}
+	evict(limit - 20 + 9) // fills the shard and evicts 9..1
+	if d := x.Match(key, w); d != 20 {
+		t.Fatalf("turn 1's blocks evicted: depth %d, want 20", d)
+	}
+	evict(5) // 19..15
+	if d := x.Match(key, w); d != 15 {
+		t.Fatalf("the end of turn 2 evicted: depth %d, want 15", d)
+	}
+	if d := x.Match(key[:12], w); d != 12 {
+		t.Fatalf("a shorter key: depth %d, want 12", d)
+	}
+}
+
 func TestIndexMemory(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
@@ -179,7 +208,7 @@ func TestIndexConcurrent(t *testing.T) {
 					t.Error("a key just recorded does not match")
 					return
 				}
-				x.holders(key)
+				x.firstHolders(key)
 			}
 		})
 	}
