@@ -84,7 +84,7 @@ func startArm(ctx context.Context, caddy string, p policy, n int) (*arm, error) 
 			admin, global, port, strings.Join(f.addrs, " "), p.lb)
 	}
 	for range n {
-		c, err := startCaddy(ctx, caddy, cf, io.Discard)
+		c, err := startCaddyRetrying(ctx, caddy, cf)
 		if err != nil {
 			a.Close()
 			return nil, err
