@@ -107,6 +107,7 @@ func startCaddyRetrying(ctx context.Context, binary string, caddyfile func(admin
 		if ctx.Err() != nil {
 			break
 		}
+		fmt.Fprintf(os.Stderr, "sglang-bench: starting caddy again: %v\n", err)
 	}
 	return nil, err
 }
@@ -134,9 +135,9 @@ func (l *logTail) String() string {
 	return strings.TrimSpace(string(l.b))
 }
 
-// waitFresh waits until the sglang_load admin API shows n workers with a fresh report.
-func (p *caddyProc) waitFresh(ctx context.Context, n int) error {
-	return pollUntil(ctx, 20*time.Second, func() (bool, error) {
+// waitFresh waits until the sglang_load admin API shows n workers with a fresh report, at most timeout.
+func (p *caddyProc) waitFresh(ctx context.Context, n int, timeout time.Duration) error {
+	return pollUntil(ctx, timeout, func() (bool, error) {
 		resp, err := http.Get("http://" + p.admin + "/sglang_load/workers")
 		if err != nil {
 			return false, nil
