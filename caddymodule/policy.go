@@ -1,9 +1,11 @@
 package caddymodule
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -16,6 +18,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
+	"github.com/caddy-sglang/caddy-sglang/affinity"
 	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
 )
 
@@ -49,16 +52,61 @@ type Policy struct {
 	// How often to poll this group's upstreams. Default: the app's interval.
 	Interval caddy.Duration `json:"interval,omitempty"`
 
-	// Which signal to compare: auto (the most precise signal both upstreams report), queued_tokens,
-	// token_latency, token_usage, used_tokens, waiting or running. Default: auto.
+	// What to compare: cost (the time, in seconds, this request would take on each upstream: its wait,
+	// prefill and decode, from the upstream's report projected to now), or one of the load signals: auto
+	// (the most precise signal both upstreams report), queued_tokens, token_latency, token_usage,
+	// used_tokens, waiting or running. Default: auto.
 	Metric string `json:"metric,omitempty"`
 
-	// How to pick: power_of_two (compare two random upstreams, take the less loaded) or least (the
-	// least loaded of all). Default: power_of_two.
+	// How to pick: power_of_two (compare two random upstreams, take the less loaded), least (the least
+	// loaded of all), window (the least loaded of up to 16: all of a small pool, 16 consecutive ones from
+	// a random start in a larger one) or auto: window for the cost metric, power_of_two for the signals.
+	// Default: auto.
 	Choose string `json:"choose,omitempty"`
 
-	// Whether to count the proxy's own requests started since a worker's last report as load on it.
-	// Off compares workers on their reports alone, so between two polls every request goes to the
+	// Output tokens the cost metric assumes for a request that does not say (max_tokens,
+	// max_completion_tokens or sampling_params.max_new_tokens). Default: 256.
+	DefaultMaxTokens int64 `json:"default_max_tokens,omitempty"`
+
+	// Prefill speed, in prompt tokens/s per worker, that the cost metric assumes for a worker whose
+	// reports do not measure it (total_prefill_uncached_tokens and total_prefill_busy_us). Default: 8000.
+	PrefillTokensPerSec float64 `json:"prefill_tokens_per_sec,omitempty"`
+
+	// Decode speed, in output tokens/s, of a request alone on a worker, that the cost metric assumes
+	// for a worker not yet seen decoding (gen_throughput with running requests). Default: 50.
+	DecodeTokensPerSec float64 `json:"decode_tokens_per_sec,omitempty"`
+
+	// Route requests that share a prompt prefix (prefix: chat messages, a completion's prompt, /generate
+	// text or input_ids) or a session (header: the value of AffinityHeader) to the worker that has
+	// their tokens cached, while its price with those tokens taken off its prefill is the lowest, and
+	// while it carries at most affinity_balance times the mean load. Implies the cost metric.
+	// Default: off.
+	Affinity string `json:"affinity,omitempty"`
+
+	// The request header that names the session, with affinity header.
+	AffinityHeader string `json:"affinity_header,omitempty"`
+
+	// How far above the fleet's mean in-flight count affinity may take a worker (as HAProxy's
+	// hash-balance-factor). Default: 1.25.
+	AffinityBalance float64 `json:"affinity_balance,omitempty"`
+
+	// Memory cap of the index of which worker recently received which prompt blocks, in bytes.
+	// Default: 16 MiB.
+	AffinityIndexSize int `json:"affinity_index_size,omitempty"`
+
+	// How much of a request's body the cost metric reads to size the request (its max_tokens and
+	// prompt), in bytes: the head of the body, put back so the upstream receives the same bytes. Only
+	// JSON bodies of /v1/chat/completions, /v1/completions and /generate without a Content-Encoding are
+	// read. -1: never read; the prompt is then estimated from Content-Length and the output is
+	// default_max_tokens. Default: 65536.
+	ReadBody int `json:"read_body,omitempty"`
+
+	// How many more requests in a decoding batch halve each one's decode speed, for the cost metric:
+	// it carries a worker's measured speed at one batch size to another. Default: 32.
+	DecodeBatchHalving float64 `json:"decode_batch_halving,omitempty"`
+
+	// Whether to count the proxy's own requests started since a worker's last report as load on it
+	// (with the cost metric: to project the report to now). Off compares workers on their reports alone, so between two polls every request goes to the
 	// worker that looked least loaded; it is there for benchmarks and diagnosis. Default: true (on).
 	InflightCorrection *bool `json:"inflight_correction,omitempty"`
 
@@ -68,10 +116,15 @@ type Policy struct {
 	fallback reverseproxy.Selector
 	metric   loadpolicy.Metric
 	choice   loadpolicy.Choice
-	noExtra  bool         // inflight_correction off
-	spec     endpointSpec // template for this group's endpoints; address set per upstream
-	app      *App
-	logger   *zap.Logger
+	noExtra  bool // inflight_correction off
+	costs    loadpolicy.CostParams
+	// affinityIndex is nil with affinity off; workers are its workers by upstream dial address.
+	affinityIndex *affinity.Index
+	workers       atomic.Pointer[map[string]affinity.Worker]
+	meanOut       atomic.Uint64 // float64 bits: mean output tokens of recent requests, for the cost model
+	spec          endpointSpec  // template for this group's endpoints; address set per upstream
+	app           *App
+	logger        *zap.Logger
 
 	mu        sync.Mutex                           // serialises registration
 	endpoints atomic.Pointer[map[string]*endpoint] // by upstream dial address; copy on write
@@ -94,6 +147,7 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	if err := p.parseOptions(); err != nil {
 		return err
 	}
+	p.makeAffinityIndex()
 	if p.FallbackRaw == nil {
 		p.FallbackRaw = caddyconfig.JSONModuleObject(reverseproxy.LeastConnSelection{}, "policy", "least_conn", nil)
 	}
@@ -164,8 +218,80 @@ func (p *Policy) parseOptions() error {
 		return fmt.Errorf("choose: %w", err)
 	}
 	p.noExtra = p.InflightCorrection != nil && !*p.InflightCorrection
+	switch {
+	case p.DefaultMaxTokens < 0:
+		return fmt.Errorf("default_max_tokens: must be > 0, got %d", p.DefaultMaxTokens)
+	case p.PrefillTokensPerSec < 0 || math.IsNaN(p.PrefillTokensPerSec) || math.IsInf(p.PrefillTokensPerSec, 0):
+		return fmt.Errorf("prefill_tokens_per_sec: must be a finite number > 0, got %v", p.PrefillTokensPerSec)
+	case p.DecodeTokensPerSec < 0 || math.IsNaN(p.DecodeTokensPerSec) || math.IsInf(p.DecodeTokensPerSec, 0):
+		return fmt.Errorf("decode_tokens_per_sec: must be a finite number > 0, got %v", p.DecodeTokensPerSec)
+	case p.ReadBody < -1:
+		return fmt.Errorf("read_body: want a size in bytes, or -1 for never, got %d", p.ReadBody)
+	case p.DecodeBatchHalving != 0 && !(p.DecodeBatchHalving >= 1) || math.IsInf(p.DecodeBatchHalving, 0):
+		return fmt.Errorf("decode_batch_halving: must be a finite number >= 1, got %v", p.DecodeBatchHalving)
+	}
+	d := defaultCostParams()
+	p.costs = loadpolicy.CostParams{
+		PrefillTokensPerSec: cmp.Or(p.PrefillTokensPerSec, d.PrefillTokensPerSec),
+		DecodeTokensPerSec:  cmp.Or(p.DecodeTokensPerSec, d.DecodeTokensPerSec),
+		DecodeBatchHalving:  cmp.Or(p.DecodeBatchHalving, d.DecodeBatchHalving),
+		MeanOutputTokens:    float64(p.defaultMaxTokens()),
+	}
+	p.meanOut.Store(math.Float64bits(float64(p.defaultMaxTokens())))
+	return p.parseAffinity()
+}
+
+// parseAffinity checks the affinity options; affinity makes the index and implies the cost metric.
+func (p *Policy) parseAffinity() error {
+	switch p.Affinity {
+	case "":
+		return nil
+	case affinityPrefix:
+	case affinityHeader:
+		if p.AffinityHeader == "" {
+			return fmt.Errorf("affinity: header needs a header name")
+		}
+	default:
+		return fmt.Errorf("affinity: unknown mode %q: want prefix or header", p.Affinity)
+	}
+	switch {
+	case p.Metric != "" && p.Metric != loadpolicy.MetricCost.String():
+		return fmt.Errorf("metric: affinity prices requests with the cost metric, got %q", p.Metric)
+	case p.AffinityBalance != 0 && !(p.AffinityBalance >= 1) || math.IsInf(p.AffinityBalance, 0):
+		return fmt.Errorf("affinity_balance: must be a finite number >= 1, got %v", p.AffinityBalance)
+	case p.AffinityIndexSize < 0:
+		return fmt.Errorf("affinity_index_size: must be > 0, got %d", p.AffinityIndexSize)
+	}
+	p.metric = loadpolicy.MetricCost
 	return nil
 }
+
+// makeAffinityIndex makes the affinity index when affinity is on; at provisioning, not at parsing,
+// since the index takes its memory cap up front.
+func (p *Policy) makeAffinityIndex() {
+	empty := map[string]affinity.Worker{}
+	p.workers.Store(&empty)
+	if p.Affinity != "" {
+		p.affinityIndex = affinity.NewIndex(p.AffinityIndexSize)
+	}
+}
+
+// Defaults of the cost model's stand-ins.
+const (
+	defaultMaxTokens           = 256
+	defaultPrefillTokensPerSec = 8000
+	defaultDecodeTokensPerSec  = 50
+	defaultDecodeBatchHalving  = 32
+	defaultReadBody            = 64 << 10
+)
+
+// defaultCostParams are the cost model's stand-ins with every option at its default.
+func defaultCostParams() loadpolicy.CostParams {
+	return loadpolicy.CostParams{PrefillTokensPerSec: defaultPrefillTokensPerSec, DecodeTokensPerSec: defaultDecodeTokensPerSec,
+		DecodeBatchHalving: defaultDecodeBatchHalving, MeanOutputTokens: defaultMaxTokens}
+}
+
+func (p *Policy) defaultMaxTokens() int64 { return cmp.Or(p.DefaultMaxTokens, defaultMaxTokens) }
 
 // parentHandler is the reverse proxy handler being provisioned around this policy, if any.
 func parentHandler(ctx caddy.Context) *reverseproxy.Handler {
@@ -204,6 +330,12 @@ func (p *Policy) register(dial string) (*endpoint, error) {
 
 // Select picks an available upstream by load; see Policy.
 func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	switch {
+	case p.affinityIndex != nil:
+		return p.selectByAffinity(pool, r, w)
+	case p.metric.Cost():
+		return p.selectByCost(pool, r, w)
+	}
 	eps := *p.endpoints.Load()
 	byIndex := p.index.Load().of(pool)
 	now := clock.Now()
@@ -237,6 +369,11 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		metrics.selectedByLoad.Inc()
 		return pool[idx]
 	}
+	return p.selectFallback(pool, r, w)
+}
+
+// selectFallback asks the fallback policy, when no available upstream has loads to choose on.
+func (p *Policy) selectFallback(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	u := p.fallback.Select(pool, r, w)
 	if u == nil {
 		metrics.selectedNone.Inc()
@@ -244,6 +381,19 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		metrics.selectedByFallback.Inc()
 	}
 	return u
+}
+
+// bytesPerToken is the prompt's bytes per token where only the body's length is known.
+const bytesPerToken = 4
+
+// meanOutWeight is the weight of one request in the mean output size: about the last hundred count.
+const meanOutWeight = 0.01
+
+// noteOutput folds a placed request's output size into the mean. Concurrent updates may lose one
+// another's weight; the mean stays a mean of recent requests.
+func (p *Policy) noteOutput(tokens int64) {
+	old := math.Float64frombits(p.meanOut.Load())
+	p.meanOut.Store(math.Float64bits(old + meanOutWeight*(float64(tokens)-old)))
 }
 
 // registerLate registers an upstream first seen in Select (a dynamic upstream); it logs once and

@@ -44,6 +44,8 @@ type wireRank struct {
 	GenThroughput         rawValue `json:"gen_throughput"`
 	CacheHitRate          rawValue `json:"cache_hit_rate"`
 	Utilization           rawValue `json:"utilization"`
+	PrefillUncachedTokens rawValue `json:"total_prefill_uncached_tokens"`
+	PrefillBusyUS         rawValue `json:"total_prefill_busy_us"`
 }
 
 // wireLegacyRank is one element of the array GET /get_load answers. ts_tic is a monotonic counter of the
@@ -218,6 +220,11 @@ func (d *rankDecoder) loads(w *wireRank) bool {
 	d.float(w.GenThroughput, "gen_throughput", &d.rk.GenThroughput, loadpolicy.FieldGenThroughput)
 	d.float(w.CacheHitRate, "cache_hit_rate", &d.rk.CacheHitRate, loadpolicy.FieldCacheHitRate)
 	d.float(w.Utilization, "utilization", &d.rk.Utilization, loadpolicy.FieldUtilization)
+	// The prefill counters count only as a pair.
+	if !absent(w.PrefillUncachedTokens) && !absent(w.PrefillBusyUS) {
+		d.int(w.PrefillUncachedTokens, "total_prefill_uncached_tokens", &d.rk.PrefillUncachedTokens, loadpolicy.FieldPrefillCounters)
+		d.int(w.PrefillBusyUS, "total_prefill_busy_us", &d.rk.PrefillBusyUS, loadpolicy.FieldPrefillCounters)
+	}
 	return d.err == nil
 }
 

@@ -53,12 +53,12 @@ func scanLoads(body []byte) (version rawValue, ranks []wireRank, ok bool) {
 // rankKeys are wireRank's JSON names, in field order.
 var rankKeys = []string{"dp_rank", "num_running_reqs", "num_waiting_reqs", "num_waiting_uncached_tokens",
 	"num_used_tokens", "num_total_tokens", "max_total_num_tokens", "max_running_requests", "token_usage",
-	"gen_throughput", "cache_hit_rate", "utilization"}
+	"gen_throughput", "cache_hit_rate", "utilization", "total_prefill_uncached_tokens", "total_prefill_busy_us"}
 
 func scanRank(raw []byte, w *wireRank) bool {
 	fields := []*rawValue{&w.DPRank, &w.Running, &w.Waiting, &w.WaitingUncachedTokens, &w.UsedTokens,
 		&w.TotalTokens, &w.MaxTotalTokens, &w.MaxRunning, &w.TokenUsage, &w.GenThroughput, &w.CacheHitRate,
-		&w.Utilization}
+		&w.Utilization, &w.PrefillUncachedTokens, &w.PrefillBusyUS}
 	return members(raw, func(key, val []byte) bool {
 		for i, name := range rankKeys {
 			if string(key) == name {

@@ -13,6 +13,10 @@ type Candidate struct {
 	Extra int64
 	// Inflight is the proxy's current in-flight request count to this upstream.
 	Inflight int64
+	// Cost is the cost model's price of the request on this upstream, in seconds; Priced says it was
+	// computed. Only the cost metric reads them.
+	Cost   float64
+	Priced bool
 }
 
 // Compare orders two candidates on the signals in set, most precise first, then on in-flight
@@ -30,10 +34,14 @@ func Compare(a, b *Candidate, set SignalSet) int {
 			}
 		}
 	}
+	return compareInt(a.Inflight, b.Inflight)
+}
+
+func compareInt(a, b int64) int {
 	switch {
-	case a.Inflight < b.Inflight:
+	case a < b:
 		return -1
-	case a.Inflight > b.Inflight:
+	case a > b:
 		return 1
 	}
 	return 0
@@ -54,29 +62,52 @@ func compareFloat(a, b float64) int {
 type Choice uint8
 
 const (
+	// Auto is the default: Window with the cost metric, PowerOfTwo with the signals.
+	Auto Choice = iota
 	// PowerOfTwo compares two random candidates and takes the better: it spreads load between
 	// polls instead of sending every request to the one worker that looked idlest.
-	PowerOfTwo Choice = iota
+	PowerOfTwo
 	// Least takes the best candidate of all.
 	Least
+	// Window takes the best of all candidates in a pool of up to WindowSize, and the best of
+	// WindowSize consecutive ones from a random start in a larger pool, so its cost stays flat.
+	Window
 )
 
-// ParseChoice parses power_of_two (the default) or least.
+// WindowSize is how many candidates Window compares at most.
+const WindowSize = 16
+
+var choiceNames = [...]string{"auto", "power_of_two", "least", "window"}
+
+// ParseChoice parses auto (the default), power_of_two, least or window.
 func ParseChoice(s string) (Choice, error) {
-	switch s {
-	case "", "power_of_two":
-		return PowerOfTwo, nil
-	case "least":
-		return Least, nil
+	if s == "" {
+		return Auto, nil
 	}
-	return 0, fmt.Errorf("unknown choice %q: want power_of_two or least", s)
+	for i, n := range choiceNames {
+		if n == s {
+			return Choice(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown choice %q: want auto, power_of_two, least or window", s)
 }
 
 func (c Choice) String() string {
-	if c == Least {
-		return "least"
+	if int(c) < len(choiceNames) {
+		return choiceNames[c]
 	}
-	return "power_of_two"
+	return fmt.Sprintf("choice(%d)", c)
+}
+
+// resolve is the choice Auto stands for under metric.
+func (c Choice) resolve(metric Metric) Choice {
+	if c != Auto {
+		return c
+	}
+	if metric.cost {
+		return Window
+	}
+	return PowerOfTwo
 }
 
 // Choose picks among the n candidates that at(i) returns as available, and returns the index of the
@@ -84,13 +115,90 @@ func (c Choice) String() string {
 // (-1, false) with available candidates when none has usable loads: the caller then falls back.
 // intn(n) must return a uniform integer in [0, n). Choose does not allocate.
 func Choose(choice Choice, metric Metric, n int, at func(i int) (Candidate, bool), intn func(int) int) (int, bool) {
-	if choice == Least {
+	switch choice.resolve(metric) {
+	case Least:
+		if metric.cost {
+			return cheapest(0, n, n, at, intn)
+		}
 		return least(metric, n, at, intn)
+	case Window:
+		if n <= WindowSize {
+			return cheapest(0, n, n, at, intn)
+		}
+		return cheapest(intn(n), WindowSize, n, at, intn)
 	}
 	return powerOfTwo(metric, n, at, intn)
 }
 
+// cheapest returns the priced candidate of least cost among count candidates from start on (wrapping
+// at n), ties broken at random; (-1, false) when none is priced.
+func cheapest(start, count, n int, at func(int) (Candidate, bool), intn func(int) int) (int, bool) {
+	best, ties := -1, 0
+	var bestCost float64
+	for k := range count {
+		i := start + k
+		if i >= n {
+			i -= n
+		}
+		c, ok := at(i)
+		if !ok || !c.Priced {
+			continue
+		}
+		if best < 0 {
+			best, bestCost, ties = i, c.Cost, 1
+			continue
+		}
+		switch compareFloat(c.Cost, bestCost) {
+		case -1:
+			best, bestCost, ties = i, c.Cost, 1
+		case 0:
+			ties++
+			if intn(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	return best, best >= 0
+}
+
+// least takes the best candidate in one pass while the candidates with loads share the first one's
+// signals, as in a fleet of one SGLang version; when one offers fewer, the comparison so far used signals
+// not every candidate has, and leastTwoPass starts again on the common ones.
 func least(metric Metric, n int, at func(int) (Candidate, bool), intn func(int) int) (int, bool) {
+	var common SignalSet
+	best, ties := -1, 0
+	var bestC Candidate
+	for i := range n {
+		c, ok := at(i)
+		if !ok || !metric.Usable(c.Signals) {
+			continue
+		}
+		if best < 0 {
+			if common = metric.Common(metric.AllSignals(), c.Signals); common == 0 {
+				return -1, false
+			}
+			best, bestC, ties = i, c, 1
+			continue
+		}
+		if metric.Common(common, c.Signals) != common {
+			return leastTwoPass(metric, n, at, intn)
+		}
+		switch cmp := Compare(&c, &bestC, common); {
+		case cmp < 0:
+			best, bestC, ties = i, c, 1
+		case cmp == 0:
+			// Reservoir sampling among equals, so ties do not always favour the first upstream.
+			ties++
+			if intn(ties) == 0 {
+				best, bestC = i, c
+			}
+		}
+	}
+	return best, best >= 0
+}
+
+// leastTwoPass finds the signals every candidate with loads shares, then the best on those.
+func leastTwoPass(metric Metric, n int, at func(int) (Candidate, bool), intn func(int) int) (int, bool) {
 	// First pass: the signals that every candidate with loads shares.
 	common, loaded := metric.AllSignals(), 0
 	for i := range n {
@@ -155,7 +263,7 @@ func powerOfTwo(metric Metric, n int, at func(int) (Candidate, bool), intn func(
 		if !ok {
 			continue
 		}
-		if !metric.Usable(a.Signals) && !metric.Usable(b.Signals) {
+		if !metric.usable(&a) && !metric.usable(&b) {
 			break // only a full pass can tell whether any candidate has loads, or the caller falls back
 		}
 		return better(metric, [2]int{i, j}, &a, &b, intn), true
@@ -174,7 +282,7 @@ func powerOfTwoScan(metric Metric, n int, at func(int) (Candidate, bool), intn f
 		if !ok {
 			continue
 		}
-		if metric.Usable(c.Signals) {
+		if metric.usable(&c) {
 			loaded++
 		}
 		available++
@@ -199,6 +307,21 @@ func powerOfTwoScan(metric Metric, n int, at func(int) (Candidate, bool), intn f
 
 // better returns the index in pick of the better of the pair a, b; a tie is broken at random.
 func better(metric Metric, pick [2]int, a, b *Candidate, intn func(int) int) int {
+	if metric.cost {
+		c := 0
+		if a.Priced && b.Priced {
+			c = compareFloat(a.Cost, b.Cost)
+		} else if a.Priced != b.Priced {
+			c = compareInt(a.Inflight, b.Inflight)
+		}
+		switch c {
+		case -1:
+			return pick[0]
+		case 1:
+			return pick[1]
+		}
+		return pick[intn(2)]
+	}
 	set := metric.AllSignals()
 	if a.Signals != nil && b.Signals != nil {
 		set = metric.Common(metric.Common(set, a.Signals), b.Signals)

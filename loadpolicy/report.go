@@ -23,6 +23,9 @@ const (
 	FieldGenThroughput
 	FieldCacheHitRate
 	FieldUtilization
+	// FieldPrefillCounters is total_prefill_uncached_tokens with total_prefill_busy_us: one is no use
+	// without the other.
+	FieldPrefillCounters
 )
 
 // Rank is the load of one data-parallel rank of a worker.
@@ -39,6 +42,10 @@ type Rank struct {
 	GenThroughput         float64 // gen_throughput, decode tokens/s
 	CacheHitRate          float64
 	Utilization           float64
+	// Cumulative since the worker started: prompt tokens prefilled (the prefix cache missed them) and
+	// the microseconds prefill was busy. Two polls apart they measure the prefill speed.
+	PrefillUncachedTokens int64 // total_prefill_uncached_tokens
+	PrefillBusyUS         int64 // total_prefill_busy_us
 	Fields                Field
 }
 
@@ -61,8 +68,12 @@ type Report struct {
 	// Inflight is the proxy's own in-flight request count to this worker when the poll answered; the
 	// policy adds the requests started since then.
 	Inflight int64
+	// Sent is the proxy's running totals of requests sent to this worker when the poll answered; the
+	// cost model counts the requests sent since.
+	Sent SentTotals
 
 	signals Signals
+	work    workload
 }
 
 // Empty reports whether the worker sent no per-rank loads: early in start-up that means "no data yet".
@@ -92,6 +103,7 @@ func NewReport(received time.Time, version string, ranks []Rank) *Report {
 		}
 	}
 	r.signals = deriveSignals(r, usageKnown)
+	r.work = deriveWorkload(r)
 	return r
 }
 
@@ -118,6 +130,7 @@ func sanitize(rk *Rank) {
 		{&rk.WaitingUncachedTokens, FieldWaitingUncachedTokens}, {&rk.UsedTokens, FieldUsedTokens},
 		{&rk.TotalTokens, FieldTotalTokens}, {&rk.MaxTotalTokens, FieldMaxTotalTokens},
 		{&rk.MaxRunning, FieldMaxRunning},
+		{&rk.PrefillUncachedTokens, FieldPrefillCounters}, {&rk.PrefillBusyUS, FieldPrefillCounters},
 	}
 	for _, x := range ints {
 		if *x.v < 0 {

@@ -120,7 +120,22 @@ func deriveSignals(r *Report, usageKnown bool) Signals {
 // Metric selects which signals a comparison may use.
 type Metric struct {
 	set  SignalSet
+	cost bool // the cost model, not a signal
 	name string
+}
+
+// MetricCost prices each request on each worker in seconds (see Report.Cost).
+var MetricCost = Metric{cost: true, name: "cost"}
+
+// Cost reports whether the metric is the cost model.
+func (m Metric) Cost() bool { return m.cost }
+
+// usable reports whether the candidate offers what this metric compares.
+func (m Metric) usable(c *Candidate) bool {
+	if m.cost {
+		return c.Priced
+	}
+	return m.Usable(c.Signals)
 }
 
 // MetricAuto compares on the most precise signal both workers share, then on the next ones to break ties.
@@ -128,15 +143,18 @@ var MetricAuto = Metric{set: 1<<numSignals - 1, name: "auto"}
 
 // ParseMetric parses a metric name: auto, or one signal name.
 func ParseMetric(name string) (Metric, error) {
-	if name == "" || name == "auto" {
+	switch name {
+	case "", "auto":
 		return MetricAuto, nil
+	case MetricCost.name:
+		return MetricCost, nil
 	}
 	for i, n := range signalNames {
 		if n == name {
 			return Metric{set: 1 << i, name: name}, nil
 		}
 	}
-	return Metric{}, fmt.Errorf("unknown metric %q: want auto, %s", name, strings.Join(signalNames[:], ", "))
+	return Metric{}, fmt.Errorf("unknown metric %q: want cost, auto, %s", name, strings.Join(signalNames[:], ", "))
 }
 
 func (m Metric) String() string {

@@ -17,6 +17,17 @@ type Config struct {
 	// LegacyShape answers /v1/loads in the early-2026 shape: top-level dp_rank_count and aggregate,
 	// per-rank num_total_reqs, and no num_waiting_uncached_tokens.
 	LegacyShape bool
+	// DisablePrefixCache turns the per-rank prefix cache off: every prompt token is prefilled and
+	// cache_hit_rate stays 0. The cache is on by default.
+	DisablePrefixCache bool
+	// OmitPrefillCounters leaves total_prefill_uncached_tokens and total_prefill_busy_us out of
+	// /v1/loads and /metrics, as SGLang versions before them do. They are sent by default.
+	OmitPrefillCounters bool
+	// FinishEarly, in (0, 1), makes answers end before max_tokens as real models do: each answer's
+	// length is drawn between FinishEarly × max_tokens and max_tokens (finish_reason "stop" when
+	// shorter), from a hash of the request's prompt and sizes, so a request gets the same length on every
+	// worker and in every run. 0 (the default) or 1: every answer has max_tokens tokens.
+	FinishEarly float64
 	// APIKey, when set, is required as "Authorization: Bearer <key>" on the load and generate routes
 	// (not on /health and /metrics, as in SGLang).
 	APIKey string
@@ -42,6 +53,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.DPRanks <= 0 {
 		c.DPRanks = 1
+	}
+	if !(c.FinishEarly > 0 && c.FinishEarly < 1) {
+		c.FinishEarly = 0
 	}
 	if c.Version == "" {
 		c.Version = "0.5.0-sim"

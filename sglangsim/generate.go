@@ -13,11 +13,12 @@ import (
 )
 
 // Request sizes. The prompt is ceil(len(text in bytes) / 4) tokens, at least 1 (the usual rule of thumb
-// for English with a BPE tokenizer), summed over every chat message's text; /generate also accepts
-// input_ids, one token each. An integer "prompt_tokens" field in the body overrides the estimate, so a
-// benchmark can send exact sizes without building large prompts. The output is exactly max_tokens
-// (chat; also max_completion_tokens) or sampling_params.max_new_tokens (/generate) tokens, default 128:
-// the simulator never stops early.
+// for English with a BPE tokenizer), summed over every chat message's text; /generate and
+// /v1/completions also accept token ids, one token each. An integer "prompt_tokens" field in the body
+// overrides the size, so a benchmark can send exact sizes without building large prompts; the prefix
+// cache still keys on the text, each of its blocks standing for a share of prompt_tokens in proportion
+// (see promptKey.blocks). The output is max_tokens (chat and completions; also max_completion_tokens) or
+// sampling_params.max_new_tokens (/generate) tokens, default 128, or fewer with Config.FinishEarly.
 const (
 	defaultMaxOut = 128
 	maxBodyBytes  = 64 << 20
@@ -31,7 +32,9 @@ const (
 	HeaderDPRank    = "X-Sglang-Sim-Dp-Rank"
 )
 
-func promptTokens(textBytes int) int64 { return max(1, (int64(textBytes)+3)/4) }
+func promptTokens(textBytes int) int64 {
+	return max(1, (int64(textBytes)+bytesPerToken-1)/bytesPerToken)
+}
 
 // fillerWords are all four bytes long, so output text re-tokenises to its token count.
 var fillerWords = [...]string{" the", " sim", " kv ", " and", " gpu", " for", " tok", " run"}
@@ -51,6 +54,10 @@ type sizeOverrides struct {
 	DataParallelRank *int   `json:"data_parallel_rank"`
 }
 
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
 type generateRequest struct {
 	Text           json.RawMessage `json:"text"`
 	InputIDs       json.RawMessage `json:"input_ids"`
@@ -67,12 +74,19 @@ type chatRequest struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 	} `json:"messages"`
-	MaxTokens           *int64 `json:"max_tokens"`
-	MaxCompletionTokens *int64 `json:"max_completion_tokens"`
-	Stream              bool   `json:"stream"`
-	StreamOptions       *struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
+	MaxTokens           *int64         `json:"max_tokens"`
+	MaxCompletionTokens *int64         `json:"max_completion_tokens"`
+	Stream              bool           `json:"stream"`
+	StreamOptions       *streamOptions `json:"stream_options"`
+	sizeOverrides
+}
+
+type completionRequest struct {
+	Model         string          `json:"model"`
+	Prompt        json.RawMessage `json:"prompt"`
+	MaxTokens     *int64          `json:"max_tokens"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *streamOptions  `json:"stream_options"`
 	sizeOverrides
 }
 
@@ -116,61 +130,97 @@ func (o sizeOverrides) sizes(estimate int64, maxOut *int64) (prompt, out int64, 
 	return prompt, out, dpRank, nil
 }
 
-func (r generateRequest) estimate() (int64, error) {
-	var text string
+// prompt returns the /generate prompt: text, else input_ids.
+func (r generateRequest) prompt() (promptKey, error) {
 	switch kind(r.Text) {
 	case "string":
+		var text string
 		if err := json.Unmarshal(r.Text, &text); err != nil {
-			return 0, badRequest("invalid text: %v", err)
+			return promptKey{}, badRequest("invalid text: %v", err)
 		}
-		return promptTokens(len(text)), nil
+		return textKey([]byte(text)), nil
 	case "absent":
 	default:
-		return 0, badRequest("text must be a string: batch requests are not simulated")
+		return promptKey{}, badRequest("text must be a string: batch requests are not simulated")
 	}
 	switch kind(r.InputIDs) {
 	case "absent":
-		return 0, badRequest("one of text and input_ids is required")
+		return promptKey{}, badRequest("one of text and input_ids is required")
 	case "array":
 		var ids []int64
 		if err := json.Unmarshal(r.InputIDs, &ids); err != nil {
-			return 0, badRequest("input_ids must be a list of integers: batch requests are not simulated")
+			return promptKey{}, badRequest("input_ids must be a list of integers: batch requests are not simulated")
 		}
-		return max(1, int64(len(ids))), nil
+		return idsKey(ids), nil
 	default:
-		return 0, badRequest("input_ids must be a list of integers")
+		return promptKey{}, badRequest("input_ids must be a list of integers")
 	}
 }
 
-func (r chatRequest) estimate() (int64, error) {
+// prompt returns the chat prompt, keyed by every message's role and text in order. Its size counts
+// the message text only.
+func (r chatRequest) prompt() (key promptKey, textBytes int, err error) {
 	if len(r.Messages) == 0 {
-		return 0, badRequest("messages must not be empty")
+		return promptKey{}, 0, badRequest("messages must not be empty")
 	}
-	n := 0
+	var b []byte
 	for i, m := range r.Messages {
+		b = append(append(b, m.Role...), 0)
+		start := len(b)
 		switch kind(m.Content) {
 		case "absent":
 		case "string":
 			var s string
 			if err := json.Unmarshal(m.Content, &s); err != nil {
-				return 0, badRequest("invalid messages[%d].content: %v", i, err)
+				return promptKey{}, 0, badRequest("invalid messages[%d].content: %v", i, err)
 			}
-			n += len(s)
+			b = append(b, s...)
 		case "array":
 			var parts []struct {
 				Text string `json:"text"`
 			}
 			if err := json.Unmarshal(m.Content, &parts); err != nil {
-				return 0, badRequest("invalid messages[%d].content: %v", i, err)
+				return promptKey{}, 0, badRequest("invalid messages[%d].content: %v", i, err)
 			}
 			for _, p := range parts {
-				n += len(p.Text)
+				b = append(b, p.Text...)
 			}
 		default:
-			return 0, badRequest("messages[%d].content must be a string or a list of parts", i)
+			return promptKey{}, 0, badRequest("messages[%d].content must be a string or a list of parts", i)
 		}
+		textBytes += len(b) - start
+		b = append(b, 0)
 	}
-	return promptTokens(n), nil
+	return chatKey(b), textBytes, nil
+}
+
+// prompt returns the completion prompt: a string, a list of token ids, or a list of one string.
+func (r completionRequest) prompt() (promptKey, error) {
+	switch kind(r.Prompt) {
+	case "string":
+		var text string
+		if err := json.Unmarshal(r.Prompt, &text); err != nil {
+			return promptKey{}, badRequest("invalid prompt: %v", err)
+		}
+		return textKey([]byte(text)), nil
+	case "array":
+		var ids []int64
+		if err := json.Unmarshal(r.Prompt, &ids); err == nil {
+			if len(ids) == 0 {
+				return promptKey{}, badRequest("prompt must not be empty")
+			}
+			return idsKey(ids), nil
+		}
+		var texts []string
+		if err := json.Unmarshal(r.Prompt, &texts); err != nil || len(texts) != 1 {
+			return promptKey{}, badRequest("prompt must be a string, a list of token ids or a list of one string: batch requests are not simulated")
+		}
+		return textKey([]byte(texts[0])), nil
+	case "absent":
+		return promptKey{}, badRequest("prompt is required")
+	default:
+		return promptKey{}, badRequest("prompt must be a string or a list")
+	}
 }
 
 // kind names the JSON type of raw, "absent" for a missing field or null.
@@ -191,8 +241,8 @@ func kind(raw json.RawMessage) string {
 
 // enqueue queues a request and waits until its prefill is done. When it fails or the client goes away it
 // answers (if it still can) and returns nil.
-func (w *Worker) enqueue(rw http.ResponseWriter, r *http.Request, prompt, maxOut int64, dpRank int) *request {
-	req, err := w.submit(prompt, maxOut, dpRank)
+func (w *Worker) enqueue(rw http.ResponseWriter, r *http.Request, j job) *request {
+	req, err := w.submit(j)
 	if err != nil {
 		writeError(rw, err)
 		return nil
@@ -300,6 +350,72 @@ func (s *sse) raw(b []byte) {
 
 func (s *sse) done() { s.raw([]byte("[DONE]")) }
 
+// call is one parsed generation request, whichever API it came through.
+type call struct {
+	job
+	stream       bool
+	includeUsage bool   // OpenAI stream_options.include_usage
+	model        string // OpenAI model name to echo
+}
+
+// newCall resolves a request's sizes and plans its job.
+func (w *Worker) newCall(k promptKey, estimate int64, o sizeOverrides, maxTokens *int64) (call, error) {
+	prompt, maxOut, dpRank, err := o.sizes(estimate, maxTokens)
+	if err != nil {
+		return call{}, err
+	}
+	return call{job: w.plan(k, prompt, maxOut, dpRank)}, nil
+}
+
+// finishReason is "stop" for an answer that ended before its max_tokens, as at an end-of-sequence
+// token, else "length".
+func (c *call) finishReason() string {
+	if c.output < c.maxTokens {
+		return "stop"
+	}
+	return "length"
+}
+
+// dialect is one API's request and response shapes; serve runs the part they share.
+type dialect interface {
+	parse(w *Worker, rw http.ResponseWriter, r *http.Request) (call, error)
+	// reply is the whole answer of a request that does not stream.
+	reply(c *call, req *request) any
+	// streamer returns the function that sends output tokens [from, to) as they come; final marks the
+	// last call, once the request is done.
+	streamer(c *call, req *request, s *sse) func(from, to int64, final bool)
+}
+
+// serve answers one API's generation requests. A stream sends its first event when prefill finishes,
+// so the time to the first event is the time to the first token.
+func (w *Worker) serve(d dialect) http.HandlerFunc {
+	return func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set(HeaderWorker, w.cfg.Name)
+		c, err := d.parse(w, rw, r)
+		if err != nil {
+			writeError(rw, err)
+			return
+		}
+		req := w.enqueue(rw, r, c.job)
+		if req == nil {
+			return
+		}
+		if !c.stream {
+			if w.wait(r.Context(), rw, req) {
+				writeJSON(rw, http.StatusOK, d.reply(&c, req))
+			}
+			return
+		}
+		s := newSSE(rw)
+		if w.follow(r.Context(), req, d.streamer(&c, req, s)) {
+			s.done()
+		}
+	}
+}
+
+// eosTokenID is what /generate reports as the matched stop token of an answer that ended early.
+const eosTokenID = 2
+
 type metaInfo struct {
 	ID               string         `json:"id"`
 	FinishReason     map[string]any `json:"finish_reason"`
@@ -315,53 +431,50 @@ type generateResponse struct {
 	MetaInfo metaInfo `json:"meta_info"`
 }
 
-// handleGenerate serves SGLang's native POST /generate.
-func (w *Worker) handleGenerate(rw http.ResponseWriter, r *http.Request) {
-	rw.Header().Set(HeaderWorker, w.cfg.Name)
+// generateAPI is SGLang's native POST /generate. Its stream sends the cumulative text, as SGLang's does
+// by default.
+type generateAPI struct{}
+
+func (generateAPI) parse(w *Worker, rw http.ResponseWriter, r *http.Request) (call, error) {
 	var body generateRequest
 	if err := decodeBody(r, rw, &body); err != nil {
-		writeError(rw, err)
-		return
+		return call{}, err
 	}
-	est, err := body.estimate()
+	k, err := body.prompt()
 	if err != nil {
-		writeError(rw, err)
-		return
+		return call{}, err
 	}
-	prompt, maxOut, dpRank, err := body.sizes(est, body.SamplingParams.MaxNewTokens)
-	if err != nil {
-		writeError(rw, err)
-		return
+	c, err := w.newCall(k, max(1, k.tokens), body.sizeOverrides, body.SamplingParams.MaxNewTokens)
+	c.stream = body.Stream
+	return c, err
+}
+
+func (generateAPI) meta(c *call, req *request, tokens int64, final bool) metaInfo {
+	m := metaInfo{
+		ID:               fmt.Sprintf("%x", req.id),
+		PromptTokens:     c.prompt,
+		CompletionTokens: tokens,
+		CachedTokens:     req.cached,
+		QueueTime:        round(req.queueTime(), 6),
 	}
-	req := w.enqueue(rw, r, prompt, maxOut, dpRank)
-	if req == nil {
-		return
-	}
-	meta := func(tokens int64, final bool) metaInfo {
-		m := metaInfo{
-			ID:               fmt.Sprintf("%x", req.id),
-			PromptTokens:     prompt,
-			CompletionTokens: tokens,
-			QueueTime:        round(req.queueTime(), 6),
+	if final {
+		if c.finishReason() == "stop" {
+			m.FinishReason = map[string]any{"type": "stop", "matched": eosTokenID}
+		} else {
+			m.FinishReason = map[string]any{"type": "length", "length": c.maxTokens}
 		}
-		if final {
-			m.FinishReason = map[string]any{"type": "length", "length": maxOut}
-			m.E2ELatency = round(req.e2e(), 6)
-		}
-		return m
+		m.E2ELatency = round(req.e2e(), 6)
 	}
-	if !body.Stream {
-		if w.wait(r.Context(), rw, req) {
-			writeJSON(rw, http.StatusOK, generateResponse{Text: filler(0, maxOut), MetaInfo: meta(maxOut, true)})
-		}
-		return
-	}
-	// SGLang streams the cumulative text by default.
-	s := newSSE(rw)
-	if w.follow(r.Context(), req, func(_, to int64, final bool) {
-		s.send(generateResponse{Text: filler(0, to), MetaInfo: meta(to, final)})
-	}) {
-		s.done()
+	return m
+}
+
+func (g generateAPI) reply(c *call, req *request) any {
+	return generateResponse{Text: filler(0, c.output), MetaInfo: g.meta(c, req, c.output, true)}
+}
+
+func (g generateAPI) streamer(c *call, req *request, s *sse) func(from, to int64, final bool) {
+	return func(_, to int64, final bool) {
+		s.send(generateResponse{Text: filler(0, to), MetaInfo: g.meta(c, req, to, final)})
 	}
 }
 
@@ -370,115 +483,153 @@ type chatMessage struct {
 	Content string `json:"content,omitempty"`
 }
 
-type chatChoice struct {
+// openAIChoice is a choice of a chat answer (message or delta) or of a completion (text).
+type openAIChoice struct {
 	Index        int          `json:"index"`
 	Message      *chatMessage `json:"message,omitempty"`
 	Delta        *chatMessage `json:"delta,omitempty"`
+	Text         *string      `json:"text,omitempty"`
 	FinishReason *string      `json:"finish_reason"`
 }
 
-type chatUsage struct {
-	PromptTokens     int64   `json:"prompt_tokens"`
-	CompletionTokens int64   `json:"completion_tokens"`
-	TotalTokens      int64   `json:"total_tokens"`
-	QueueTime        float64 `json:"queue_time"` // extension: seconds waiting for admission
+type openAIUsage struct {
+	PromptTokens        int64         `json:"prompt_tokens"`
+	CompletionTokens    int64         `json:"completion_tokens"`
+	TotalTokens         int64         `json:"total_tokens"`
+	PromptTokensDetails promptDetails `json:"prompt_tokens_details"`
+	QueueTime           float64       `json:"queue_time"` // extension: seconds waiting for admission
 }
 
-type chatResponse struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
-	Choices []chatChoice `json:"choices"`
-	Usage   *chatUsage   `json:"usage,omitempty"`
+type promptDetails struct {
+	CachedTokens int64 `json:"cached_tokens"`
 }
 
-// handleChat serves POST /v1/chat/completions. A stream sends its first chunk when prefill finishes,
-// so the time to the first chunk is the time to the first token.
-func (w *Worker) handleChat(rw http.ResponseWriter, r *http.Request) {
-	rw.Header().Set(HeaderWorker, w.cfg.Name)
-	var body chatRequest
-	if err := decodeBody(r, rw, &body); err != nil {
-		writeError(rw, err)
-		return
-	}
-	est, err := body.estimate()
-	if err != nil {
-		writeError(rw, err)
-		return
-	}
-	maxTokens := body.MaxTokens
-	if maxTokens == nil {
-		maxTokens = body.MaxCompletionTokens
-	}
-	prompt, maxOut, dpRank, err := body.sizes(est, maxTokens)
-	if err != nil {
-		writeError(rw, err)
-		return
-	}
-	req := w.enqueue(rw, r, prompt, maxOut, dpRank)
-	if req == nil {
-		return
-	}
-	model := body.Model
-	if model == "" {
-		model = modelName
-	}
-	resp := chatResponse{
-		ID:      fmt.Sprintf("chatcmpl-%x", req.id),
-		Created: time.Now().Unix(),
-		Model:   model,
-	}
-	usage := func() *chatUsage {
-		return &chatUsage{
-			PromptTokens:     prompt,
-			CompletionTokens: maxOut,
-			TotalTokens:      prompt + maxOut,
-			QueueTime:        round(req.queueTime(), 6),
+type openAIResponse struct {
+	ID      string         `json:"id"`
+	Object  string         `json:"object"`
+	Created int64          `json:"created"`
+	Model   string         `json:"model"`
+	Choices []openAIChoice `json:"choices"`
+	Usage   *openAIUsage   `json:"usage,omitempty"`
+}
+
+// openAIAPI is POST /v1/chat/completions (chat) or POST /v1/completions.
+type openAIAPI struct{ chat bool }
+
+func (a openAIAPI) parse(w *Worker, rw http.ResponseWriter, r *http.Request) (call, error) {
+	var (
+		k         promptKey
+		estimate  int64
+		sizes     sizeOverrides
+		maxTokens *int64
+		stream    bool
+		opts      *streamOptions
+		model     string
+	)
+	if a.chat {
+		var body chatRequest
+		if err := decodeBody(r, rw, &body); err != nil {
+			return call{}, err
 		}
-	}
-	length := "length"
-	if !body.Stream {
-		if w.wait(r.Context(), rw, req) {
-			resp.Object = "chat.completion"
-			resp.Choices = []chatChoice{{
-				Message:      &chatMessage{Role: "assistant", Content: filler(0, maxOut)},
-				FinishReason: &length,
-			}}
-			resp.Usage = usage()
-			writeJSON(rw, http.StatusOK, resp)
+		var textBytes int
+		var err error
+		if k, textBytes, err = body.prompt(); err != nil {
+			return call{}, err
 		}
-		return
+		estimate, sizes, maxTokens = promptTokens(textBytes), body.sizeOverrides, body.MaxTokens
+		if maxTokens == nil {
+			maxTokens = body.MaxCompletionTokens
+		}
+		stream, opts, model = body.Stream, body.StreamOptions, body.Model
+	} else {
+		var body completionRequest
+		if err := decodeBody(r, rw, &body); err != nil {
+			return call{}, err
+		}
+		var err error
+		if k, err = body.prompt(); err != nil {
+			return call{}, err
+		}
+		estimate, sizes, maxTokens = max(1, k.tokens), body.sizeOverrides, body.MaxTokens
+		stream, opts, model = body.Stream, body.StreamOptions, body.Model
 	}
-	resp.Object = "chat.completion.chunk"
-	s := newSSE(rw)
+	c, err := w.newCall(k, estimate, sizes, maxTokens)
+	c.stream, c.includeUsage, c.model = stream, opts != nil && opts.IncludeUsage, model
+	if c.model == "" {
+		c.model = modelName
+	}
+	return c, err
+}
+
+func (a openAIAPI) envelope(c *call, req *request, chunk bool) openAIResponse {
+	resp := openAIResponse{Created: time.Now().Unix(), Model: c.model}
+	switch {
+	case a.chat && chunk:
+		resp.ID, resp.Object = fmt.Sprintf("chatcmpl-%x", req.id), "chat.completion.chunk"
+	case a.chat:
+		resp.ID, resp.Object = fmt.Sprintf("chatcmpl-%x", req.id), "chat.completion"
+	default:
+		resp.ID, resp.Object = fmt.Sprintf("cmpl-%x", req.id), "text_completion"
+	}
+	return resp
+}
+
+func (openAIAPI) usage(c *call, req *request) *openAIUsage {
+	return &openAIUsage{
+		PromptTokens:        c.prompt,
+		CompletionTokens:    c.output,
+		TotalTokens:         c.prompt + c.output,
+		PromptTokensDetails: promptDetails{CachedTokens: req.cached},
+		QueueTime:           round(req.queueTime(), 6),
+	}
+}
+
+func (a openAIAPI) reply(c *call, req *request) any {
+	resp := a.envelope(c, req, false)
+	text, finish := filler(0, c.output), c.finishReason()
+	ch := openAIChoice{FinishReason: &finish}
+	if a.chat {
+		ch.Message = &chatMessage{Role: "assistant", Content: text}
+	} else {
+		ch.Text = &text
+	}
+	resp.Choices, resp.Usage = []openAIChoice{ch}, a.usage(c, req)
+	return resp
+}
+
+// streamer sends a chunk per batch of new tokens (a chat's first carries the role), a last chunk with
+// the finish reason, and the usage chunk when the client asked for it.
+func (a openAIAPI) streamer(c *call, req *request, s *sse) func(from, to int64, final bool) {
+	resp := a.envelope(c, req, true)
 	first := true
-	chunk := func(delta chatMessage, finish *string) {
-		resp.Choices = []chatChoice{{Delta: &delta, FinishReason: finish}}
+	send := func(text string, finish *string) {
+		ch := openAIChoice{FinishReason: finish}
+		if a.chat {
+			ch.Delta = &chatMessage{Content: text}
+			if first {
+				ch.Delta.Role = "assistant"
+			}
+		} else {
+			ch.Text = &text
+		}
+		first = false
+		resp.Choices = []openAIChoice{ch}
 		s.send(resp)
 	}
-	if maxOut == 0 {
-		chunk(chatMessage{Role: "assistant"}, nil)
-		first = false
-	}
-	if !w.follow(r.Context(), req, func(from, to int64, _ bool) {
-		if from == to {
+	return func(from, to int64, final bool) {
+		if from < to || a.chat && first && final {
+			send(filler(from, to), nil)
+		}
+		if !final {
 			return
 		}
-		d := chatMessage{Content: filler(from, to)}
-		if first {
-			d.Role, first = "assistant", false
+		finish := c.finishReason()
+		send("", &finish)
+		if c.includeUsage {
+			resp.Choices, resp.Usage = []openAIChoice{}, a.usage(c, req)
+			s.send(resp)
 		}
-		chunk(d, nil)
-	}) {
-		return
 	}
-	chunk(chatMessage{}, &length)
-	if body.StreamOptions != nil && body.StreamOptions.IncludeUsage {
-		resp.Choices, resp.Usage = []chatChoice{}, usage()
-		s.send(resp)
-	}
-	s.done()
 }
 
 // writeError answers an OpenAI-style error object, as SGLang does on its generate routes.

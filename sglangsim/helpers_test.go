@@ -80,19 +80,22 @@ type wireLoads struct {
 }
 
 type wireRank struct {
-	DPRank                   int     `json:"dp_rank"`
-	NumRunningReqs           int     `json:"num_running_reqs"`
-	NumWaitingReqs           int     `json:"num_waiting_reqs"`
-	NumWaitingUncachedTokens *int64  `json:"num_waiting_uncached_tokens"`
-	NumTotalReqs             *int    `json:"num_total_reqs"`
-	NumUsedTokens            int64   `json:"num_used_tokens"`
-	NumTotalTokens           int64   `json:"num_total_tokens"`
-	MaxTotalNumTokens        int64   `json:"max_total_num_tokens"`
-	MaxRunningRequests       int     `json:"max_running_requests"`
-	TokenUsage               float64 `json:"token_usage"`
-	GenThroughput            float64 `json:"gen_throughput"`
-	CacheHitRate             float64 `json:"cache_hit_rate"`
-	Utilization              float64 `json:"utilization"`
+	DPRank                   int      `json:"dp_rank"`
+	NumRunningReqs           int      `json:"num_running_reqs"`
+	NumWaitingReqs           int      `json:"num_waiting_reqs"`
+	NumWaitingUncachedTokens *int64   `json:"num_waiting_uncached_tokens"`
+	NumTotalReqs             *int     `json:"num_total_reqs"`
+	NumUsedTokens            int64    `json:"num_used_tokens"`
+	NumTotalTokens           int64    `json:"num_total_tokens"`
+	MaxTotalNumTokens        int64    `json:"max_total_num_tokens"`
+	MaxRunningRequests       int      `json:"max_running_requests"`
+	TokenUsage               float64  `json:"token_usage"`
+	GenThroughput            float64  `json:"gen_throughput"`
+	CacheHitRate             float64  `json:"cache_hit_rate"`
+	Utilization              float64  `json:"utilization"`
+	Timestamp                *float64 `json:"timestamp"`
+	TotalPrefillUncached     *int64   `json:"total_prefill_uncached_tokens"`
+	TotalPrefillBusyUs       *int64   `json:"total_prefill_busy_us"`
 	Memory                   *struct {
 		WeightGB      float64 `json:"weight_gb"`
 		KVCacheGB     float64 `json:"kv_cache_gb"`
@@ -171,6 +174,11 @@ func goPost(ctx context.Context, url string, body any) <-chan result {
 		ch <- result{status: resp.StatusCode, header: resp.Header, body: rb, err: err}
 	}()
 	return ch
+}
+
+// sized is a job of exact sizes with no cacheable content, on any rank.
+func sized(prompt, maxOut int64) job {
+	return job{prompt: prompt, maxTokens: maxOut, output: maxOut, dpRank: -1}
 }
 
 func gen(prompt, maxOut int64) map[string]any {

@@ -18,6 +18,7 @@ import (
 //	GET  /health               200 while up
 //	POST /generate             SGLang native generation
 //	POST /v1/chat/completions  OpenAI-compatible chat, with SSE streaming
+//	POST /v1/completions       OpenAI-compatible completions, with SSE streaming
 //	POST /sim/fault            flip faults: hang_loads=0|1, garbage=0|1, not_found=0|1, down=<duration>, reset=1
 //	GET  /sim/stats            the worker's Stats as JSON
 func (w *Worker) Handler() http.Handler { return w.handler }
@@ -28,8 +29,9 @@ func (w *Worker) routes() http.Handler {
 	mux.HandleFunc("GET /get_load", w.auth(w.handleGetLoad))
 	mux.HandleFunc("GET /metrics", w.handleMetrics)
 	mux.HandleFunc("GET /health", w.handleHealth)
-	mux.HandleFunc("POST /generate", w.auth(w.handleGenerate))
-	mux.HandleFunc("POST /v1/chat/completions", w.auth(w.handleChat))
+	mux.HandleFunc("POST /generate", w.auth(w.serve(generateAPI{})))
+	mux.HandleFunc("POST /v1/chat/completions", w.auth(w.serve(openAIAPI{chat: true})))
+	mux.HandleFunc("POST /v1/completions", w.auth(w.serve(openAIAPI{})))
 	mux.HandleFunc("POST /sim/fault", w.handleFault)
 	mux.HandleFunc("GET /sim/stats", w.handleStats)
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {

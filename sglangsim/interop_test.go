@@ -19,7 +19,7 @@ func TestFetchersReadSimulator(t *testing.T) {
 	cfg.MaxTotalTokens = 1000
 	cfg.DecodeTokensPerSec = 0.001
 	w, base := startWorker(t, cfg)
-	if _, err := w.submit(300, 100, -1); err != nil {
+	if _, err := w.submit(sized(300, 100)); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "request running", func() bool { return w.Loads()[0].UsedTokens == 400 })
@@ -64,4 +64,38 @@ func TestFetchersReadSimulator(t *testing.T) {
 		t.Fatalf("grpcload on a hung worker: %v", err)
 	}
 	w.Faults().SetHangLoads(false)
+}
+
+// httpload reads the prefill counters the simulator sends, and their absence when it omits them.
+func TestFetcherReadsPrefillCounters(t *testing.T) {
+	for _, omit := range []bool{false, true} {
+		cfg := fastConfig()
+		cfg.PrefillTokensPerSec = 20000
+		cfg.OmitPrefillCounters = omit
+		w, base := startWorker(t, cfg)
+		r, err := w.submit(sized(2000, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-r.done
+		hf, err := httpload.New(httpload.Config{URL: base})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := hf.Fetch(t.Context())
+		hf.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rk := rep.Ranks[0]
+		if omit {
+			if rk.Has(loadpolicy.FieldPrefillCounters) {
+				t.Fatalf("omitted counters decoded: %+v", rk)
+			}
+			continue
+		}
+		if !rk.Has(loadpolicy.FieldPrefillCounters) || rk.PrefillUncachedTokens != 2000 || rk.PrefillBusyUS != 100_000 {
+			t.Fatalf("counters: %+v", rk)
+		}
+	}
 }

@@ -90,6 +90,9 @@ type rankJSON struct {
 	GenThroughput            float64     `json:"gen_throughput"`
 	CacheHitRate             float64     `json:"cache_hit_rate"`
 	Utilization              float64     `json:"utilization"`
+	Timestamp                *float64    `json:"timestamp,omitempty"`
+	TotalPrefillUncached     *int64      `json:"total_prefill_uncached_tokens,omitempty"`
+	TotalPrefillBusyUs       *int64      `json:"total_prefill_busy_us,omitempty"`
 	Memory                   *memoryJSON `json:"memory,omitempty"`
 	Queues                   *queuesJSON `json:"queues,omitempty"`
 }
@@ -147,7 +150,9 @@ func (w *Worker) loadsBody(loads []RankLoad, sec sections, now time.Time) loadsJ
 		NumAccelerators: w.cfg.DPRanks,
 		Loads:           make([]rankJSON, len(loads)),
 	}
-	for i, l := range loads {
+	stamp := round(float64(now.UnixMicro())/1e6, 6)
+	for i := range loads {
+		l := &loads[i]
 		r := rankJSON{
 			DPRank:             l.DPRank,
 			NumRunningReqs:     l.Running,
@@ -167,6 +172,10 @@ func (w *Worker) loadsBody(loads []RankLoad, sec sections, now time.Time) loadsJ
 		} else {
 			uncached := l.WaitingUncachedTokens
 			r.NumWaitingUncachedTokens = &uncached
+			r.Timestamp = &stamp
+			if !w.cfg.OmitPrefillCounters {
+				r.TotalPrefillUncached, r.TotalPrefillBusyUs = &l.PrefillUncachedTokens, &l.PrefillBusyMicros
+			}
 		}
 		if sec.memory {
 			r.Memory = &memoryJSON{
@@ -253,7 +262,7 @@ func (w *Worker) handleLoads(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if format == "prometheus" {
-		writePrometheus(rw, loads, "")
+		w.writePrometheus(rw, loads, "")
 		return
 	}
 	writeJSON(rw, http.StatusOK, w.loadsBody(loads, sec, now))
@@ -295,36 +304,47 @@ func (w *Worker) handleGetLoad(rw http.ResponseWriter, r *http.Request) {
 
 // handleMetrics serves GET /metrics in the Prometheus text format.
 func (w *Worker) handleMetrics(rw http.ResponseWriter, r *http.Request) {
-	writePrometheus(rw, w.Loads(), `model_name="`+modelName+`",`)
+	w.writePrometheus(rw, w.Loads(), `model_name="`+modelName+`",`)
 }
 
 // modelName is the simulated served model.
 const modelName = "sglang-sim"
 
-var promGauges = []struct {
+// promFamilies are the load fields as Prometheus families; counter marks the prefill counters.
+var promFamilies = []struct {
 	name, help string
+	counter    bool
 	value      func(*RankLoad) string
 }{
-	{"num_running_reqs", "The number of running requests.", func(l *RankLoad) string { return strconv.Itoa(l.Running) }},
-	{"num_queue_reqs", "The number of requests in the waiting queue.", func(l *RankLoad) string { return strconv.Itoa(l.Waiting) }},
-	{"num_waiting_uncached_tokens", "Prompt tokens of queued requests not covered by the prefix cache.", func(l *RankLoad) string { return strconv.FormatInt(l.WaitingUncachedTokens, 10) }},
-	{"num_used_tokens", "The number of used KV cache tokens.", func(l *RankLoad) string { return strconv.FormatInt(l.UsedTokens, 10) }},
-	{"max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", func(l *RankLoad) string { return strconv.FormatInt(l.MaxTotalTokens, 10) }},
-	{"max_running_requests", "Maximum number of running requests.", func(l *RankLoad) string { return strconv.Itoa(l.MaxRunning) }},
-	{"token_usage", "The token usage.", func(l *RankLoad) string { return promFloat(l.TokenUsage) }},
-	{"gen_throughput", "The generation throughput (token/s).", func(l *RankLoad) string { return promFloat(l.GenThroughput) }},
-	{"cache_hit_rate", "The prefix cache hit rate.", func(l *RankLoad) string { return promFloat(l.CacheHitRate) }},
-	{"utilization", "Fraction of the last second with a non-empty batch.", func(l *RankLoad) string { return promFloat(l.Utilization) }},
+	{"num_running_reqs", "The number of running requests.", false, func(l *RankLoad) string { return strconv.Itoa(l.Running) }},
+	{"num_queue_reqs", "The number of requests in the waiting queue.", false, func(l *RankLoad) string { return strconv.Itoa(l.Waiting) }},
+	{"num_waiting_uncached_tokens", "Prompt tokens of queued requests not covered by the prefix cache.", false, func(l *RankLoad) string { return strconv.FormatInt(l.WaitingUncachedTokens, 10) }},
+	{"num_used_tokens", "The number of used KV cache tokens.", false, func(l *RankLoad) string { return strconv.FormatInt(l.UsedTokens, 10) }},
+	{"max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", false, func(l *RankLoad) string { return strconv.FormatInt(l.MaxTotalTokens, 10) }},
+	{"max_running_requests", "Maximum number of running requests.", false, func(l *RankLoad) string { return strconv.Itoa(l.MaxRunning) }},
+	{"token_usage", "The token usage.", false, func(l *RankLoad) string { return promFloat(l.TokenUsage) }},
+	{"gen_throughput", "The generation throughput (token/s).", false, func(l *RankLoad) string { return promFloat(l.GenThroughput) }},
+	{"cache_hit_rate", "The prefix cache hit rate.", false, func(l *RankLoad) string { return promFloat(l.CacheHitRate) }},
+	{"utilization", "Fraction of the last second with a non-empty batch.", false, func(l *RankLoad) string { return promFloat(l.Utilization) }},
+	{"total_prefill_uncached_tokens", "Prompt tokens prefilled (not covered by the prefix cache) since start.", true, func(l *RankLoad) string { return strconv.FormatInt(l.PrefillUncachedTokens, 10) }},
+	{"total_prefill_busy_us", "Microseconds the prefill stream was busy since start.", true, func(l *RankLoad) string { return strconv.FormatInt(l.PrefillBusyMicros, 10) }},
 }
 
 func promFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
 
-// writePrometheus writes one gauge family per load field, one series per DP rank; labels is a prefix of
+// writePrometheus writes one family per load field, one series per DP rank; labels is a prefix of
 // extra labels, each followed by a comma.
-func writePrometheus(rw http.ResponseWriter, loads []RankLoad, labels string) {
+func (w *Worker) writePrometheus(rw http.ResponseWriter, loads []RankLoad, labels string) {
 	var b bytes.Buffer
-	for _, g := range promGauges {
-		fmt.Fprintf(&b, "# HELP sglang:%s %s\n# TYPE sglang:%s gauge\n", g.name, g.help, g.name)
+	for _, g := range promFamilies {
+		typ := "gauge"
+		if g.counter {
+			if w.cfg.OmitPrefillCounters {
+				continue
+			}
+			typ = "counter"
+		}
+		fmt.Fprintf(&b, "# HELP sglang:%s %s\n# TYPE sglang:%s %s\n", g.name, g.help, g.name, typ)
 		for i := range loads {
 			fmt.Fprintf(&b, "sglang:%s{%sdp_rank=\"%d\"} %s\n", g.name, labels, loads[i].DPRank, g.value(&loads[i]))
 		}

@@ -12,18 +12,32 @@ import (
 
 // The load model, per DP rank:
 //
-//   - A KV pool of MaxTotalTokens. A request reserves its whole footprint, prompt + max output tokens,
-//     when it is admitted, and releases it when it finishes. Real SGLang grows allocations while it
-//     decodes and retracts requests when it guessed wrong; reserving up front keeps the invariant a
-//     router relies on: requests queue when token_usage is near 1.
+//   - A KV pool of MaxTotalTokens. A request reserves its whole footprint, prompt + max_tokens, when it
+//     is admitted, and releases it when it finishes. Real SGLang grows allocations while it decodes and
+//     retracts requests when it guessed wrong; reserving up front keeps the invariant a router relies
+//     on: requests queue when token_usage is near 1.
+//   - A prefix cache (unless DisablePrefixCache) in the same pool, as SGLang's radix cache: a prompt's
+//     whole 16-token blocks (cache.go) become cached once the request has prefilled them, and its
+//     answer's blocks (as a client would resend it) once the answer is complete. A request
+//     holds the cached blocks its prompt starts with from admission to its end; its reservation counts
+//     only the uncached rest, so used tokens = private reservations + held blocks, and
+//     used + evictable cached tokens <= MaxTotalTokens always. Blocks nobody holds are evictable and
+//     go least recently used first when an admission needs room. num_used_tokens and token_usage
+//     count used tokens only, as SGLang's do.
 //   - A running batch of at most MaxRunningRequests and a FIFO waiting queue. The head of the queue is
-//     admitted as soon as both the pool and the batch have room; nothing overtakes it.
-//   - Prefill is one FIFO stream per rank at PrefillTokensPerSec: a long queue of prompts delays every
-//     request behind it, which is why queued uncached tokens predict queueing delay. Prefill yields the
-//     first output token.
+//     admitted as soon as both the pool and the batch have room; nothing overtakes it. A queued
+//     request's uncached tokens (num_waiting_uncached_tokens) are matched against the cache when it
+//     arrives; admission matches again and prefills what is uncached then.
+//   - Prefill is one FIFO stream per rank at PrefillTokensPerSec over uncached prompt tokens only: a
+//     long queue of prompts delays every request behind it, which is why queued uncached tokens predict
+//     queueing delay. total_prefill_uncached_tokens and total_prefill_busy_us count that stream's work
+//     and busy time, so their ratio between two polls is PrefillTokensPerSec. Prefill yields the first
+//     output token.
 //   - Decode: each request in a batch of n decoding requests gains
 //     DecodeTokensPerSec / (1 + (n-1)/16) tokens per second, so a lone request decodes at
 //     DecodeTokensPerSec and the rank's total throughput saturates near 16 × DecodeTokensPerSec.
+//   - An answer has max_tokens tokens, or with FinishEarly a length drawn from a hash of the request's
+//     content and sizes (finish.go), so a request gets the same length on every worker and every run.
 //
 // The model advances on a clock tick that runs only while the worker has requests, so an idle worker
 // costs no goroutine and no CPU.
@@ -56,16 +70,30 @@ const (
 	stateDone
 )
 
-// request is one generation in the model. Fields without a comment are guarded by Worker.mu; the
-// handler reads the timestamps only after started or done is closed.
-type request struct {
-	id             uint64
-	prompt, maxOut int64
-	rank           *rank
+// job is what a request asks of the model.
+type job struct {
+	prompt    int64   // prompt tokens
+	maxTokens int64   // the client's output cap, which the KV reservation covers
+	output    int64   // output tokens the answer will have: maxTokens, or fewer with FinishEarly
+	blocks    []block // the prompt's cacheable blocks, in order
+	answer    []block // the blocks after them, cached when the answer is complete
+	dpRank    int     // -1: round-robin
+}
 
-	state       reqState
-	prefillLeft float64 // prompt tokens still to prefill
-	gen         float64 // output tokens generated, fractional
+// request is one generation in the model. Fields without a comment are guarded by Worker.mu; the
+// handler reads the timestamps and cached only after started or done is closed.
+type request struct {
+	id uint64
+	job
+	rank *rank
+
+	state        reqState
+	prefillLeft  float64 // prompt tokens still to prefill
+	gen          float64 // output tokens generated, fractional
+	waitUncached int64   // its share of num_waiting_uncached_tokens while queued
+	cached       int64   // prompt tokens the prefix cache covered at admission
+	private      int64   // KV tokens reserved for it alone: what its held cache blocks do not cover
+	pins         []*cacheEntry
 
 	enqueued, admitted, firstToken, finished time.Time
 
@@ -76,7 +104,15 @@ type request struct {
 	err     error         // why it failed; written before done is closed
 }
 
-func (r *request) need() int64 { return r.prompt + r.maxOut }
+func newRequest(id uint64, j job) *request {
+	return &request{
+		id:      id,
+		job:     j,
+		notify:  make(chan struct{}, 1),
+		started: make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+}
 
 func (r *request) poke() {
 	select {
@@ -85,16 +121,33 @@ func (r *request) poke() {
 	}
 }
 
-// rank is one data-parallel rank: its pool, batch and queue.
+// rank is one data-parallel rank: its pool, cache, batch and queue.
 type rank struct {
 	id      int
 	waiting []*request // FIFO
 	running []*request // in admission order, which is also prefill order
 
-	used          int64 // KV tokens reserved by running requests
-	waitingPrompt int64 // prompt tokens of queued requests
-	peakUsed      int64
-	win           window
+	private         int64 // KV tokens reserved by running requests beyond the cache blocks they hold
+	cache           prefixCache
+	waitingPrompt   int64 // prompt tokens of queued requests
+	waitingUncached int64 // of those, the ones the cache did not cover on arrival
+	peakUsed        int64
+
+	promptTokens, cachedTokens int64   // over admitted requests
+	prefilled, prefillBusy     float64 // tokens prefilled, seconds the prefill stream was busy
+	win                        window
+}
+
+// used is num_used_tokens: what running requests hold.
+func (rk *rank) used() int64 { return rk.private + rk.cache.pinned }
+
+// prefixTokens sums the tokens of blocks.
+func prefixTokens(blocks []block) int64 {
+	var n int64
+	for _, b := range blocks {
+		n += b.tokens
+	}
+	return n
 }
 
 // window keeps decode output and busy time over the last second in 100 ms buckets.
@@ -182,35 +235,30 @@ func (w *Worker) Close() {
 		for _, r := range rk.running {
 			w.fail(r, now, errClosed)
 		}
-		rk.waiting, rk.running, rk.used, rk.waitingPrompt = nil, nil, 0, 0
+		rk.waiting, rk.running, rk.private, rk.waitingPrompt, rk.waitingUncached = nil, nil, 0, 0, 0
+		rk.cache = prefixCache{}
 	}
 }
 
-// submit queues a request on a rank (dpRank < 0: round-robin) and starts the clock if it was idle.
-func (w *Worker) submit(prompt, maxOut int64, dpRank int) (*request, error) {
-	if prompt+maxOut > w.cfg.MaxTotalTokens {
+// submit queues a request on a rank (j.dpRank < 0: round-robin) and starts the clock if it was idle.
+func (w *Worker) submit(j job) (*request, error) {
+	if j.prompt+j.maxTokens > w.cfg.MaxTotalTokens {
 		return nil, &requestError{http.StatusBadRequest, fmt.Sprintf(
 			"request needs %d KV tokens (prompt %d + max output %d), more than the pool of %d",
-			prompt+maxOut, prompt, maxOut, w.cfg.MaxTotalTokens)}
+			j.prompt+j.maxTokens, j.prompt, j.maxTokens, w.cfg.MaxTotalTokens)}
 	}
-	if dpRank >= len(w.ranks) {
+	if j.dpRank >= len(w.ranks) {
 		return nil, &requestError{http.StatusBadRequest, fmt.Sprintf(
-			"data_parallel_rank %d out of range [0, %d)", dpRank, len(w.ranks))}
+			"data_parallel_rank %d out of range [0, %d)", j.dpRank, len(w.ranks))}
 	}
-	r := &request{
-		id:      w.nextID.Add(1),
-		prompt:  prompt,
-		maxOut:  maxOut,
-		notify:  make(chan struct{}, 1),
-		started: make(chan struct{}),
-		done:    make(chan struct{}),
-	}
+	r := newRequest(w.nextID.Add(1), j)
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
 		return nil, &requestError{http.StatusServiceUnavailable, errClosed.Error()}
 	}
+	dpRank := j.dpRank
 	if dpRank < 0 {
 		dpRank = w.nextRank
 		w.nextRank = (w.nextRank + 1) % len(w.ranks)
@@ -218,8 +266,10 @@ func (w *Worker) submit(prompt, maxOut int64, dpRank int) (*request, error) {
 	now := time.Now()
 	rk := w.ranks[dpRank]
 	r.rank, r.enqueued = rk, now
+	r.waitUncached = r.prompt - prefixTokens(r.blocks[:rk.cache.match(r.blocks)])
 	rk.waiting = append(rk.waiting, r)
 	rk.waitingPrompt += r.prompt
+	rk.waitingUncached += r.waitUncached
 	if !w.looping {
 		w.looping = true
 		w.last = now
@@ -245,6 +295,7 @@ func (w *Worker) abort(r *request) {
 			}
 		}
 		rk.waitingPrompt -= r.prompt
+		rk.waitingUncached -= r.waitUncached
 	default:
 		for i, q := range rk.running {
 			if q == r {
@@ -252,10 +303,28 @@ func (w *Worker) abort(r *request) {
 				break
 			}
 		}
-		rk.used -= r.need()
+		rk.release(r)
 	}
 	w.fail(r, time.Now(), errAborted)
 	w.admit(rk, time.Now())
+}
+
+// release gives back a running request's reservation and the cache blocks it holds.
+func (rk *rank) release(r *request) {
+	rk.private -= r.private
+	r.private = 0
+	rk.cache.unpin(r.pins)
+	r.pins = nil
+}
+
+// hold caches blocks a request has computed; they move from its reservation to the blocks it holds,
+// so the pool's use does not grow.
+func (rk *rank) hold(r *request, blocks []block) {
+	for _, b := range blocks {
+		r.pins = append(r.pins, rk.cache.insert(b))
+		r.private -= b.tokens
+		rk.private -= b.tokens
+	}
 }
 
 func (w *Worker) fail(r *request, now time.Time, err error) {
@@ -324,6 +393,7 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 	}
 	budget := dt * w.cfg.PrefillTokensPerSec
 	var produced int64
+	var prefilled float64
 	kept := rk.running[:0]
 	for _, r := range rk.running {
 		switch r.state {
@@ -331,9 +401,11 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 			use := math.Min(budget, r.prefillLeft)
 			r.prefillLeft -= use
 			budget -= use
+			prefilled += use
 			if r.prefillLeft <= 0 {
+				rk.hold(r, r.blocks[len(r.pins):])
 				r.state, r.firstToken = stateDecode, now
-				if r.maxOut > 0 {
+				if r.output > 0 {
 					r.gen = 1
 					r.emitted.Store(1)
 					produced++
@@ -342,15 +414,16 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 				r.poke()
 			}
 		case stateDecode:
-			r.gen = math.Min(r.gen+speed*dt, float64(r.maxOut))
+			r.gen = math.Min(r.gen+speed*dt, float64(r.output))
 			if e, old := int64(r.gen), r.emitted.Load(); e > old {
 				r.emitted.Store(e)
 				produced += e - old
 				r.poke()
 			}
 		}
-		if r.state == stateDecode && r.emitted.Load() >= r.maxOut {
-			rk.used -= r.need()
+		if r.state == stateDecode && r.emitted.Load() >= r.output {
+			rk.hold(r, r.answer)
+			rk.release(r)
 			r.state, r.finished = stateDone, now
 			w.served++
 			close(r.done)
@@ -360,23 +433,36 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 	}
 	clear(rk.running[len(kept):])
 	rk.running = kept
+	rk.prefilled += prefilled
+	rk.prefillBusy += prefilled / w.cfg.PrefillTokensPerSec
 	rk.win.add(at, float64(produced), dt)
 	w.admit(rk, now)
 }
 
-// admit moves requests from the head of the queue into the batch while the pool and the cap allow.
+// admit moves requests from the head of the queue into the batch while the pool and the cap allow,
+// evicting unheld cache blocks to make room.
 func (w *Worker) admit(rk *rank, now time.Time) {
 	for len(rk.waiting) > 0 && len(rk.running) < w.cfg.MaxRunningRequests {
 		r := rk.waiting[0]
-		if rk.used+r.need() > w.cfg.MaxTotalTokens {
+		hit := r.blocks[:rk.cache.match(r.blocks)]
+		cached := prefixTokens(hit)
+		private := r.prompt - cached + r.maxTokens
+		// Holding the hit blocks turns their evictable tokens into used ones.
+		if rk.used()+rk.cache.evictableIn(hit)+private > w.cfg.MaxTotalTokens {
 			return
 		}
 		rk.waiting[0] = nil
 		rk.waiting = rk.waiting[1:]
 		rk.waitingPrompt -= r.prompt
-		rk.used += r.need()
-		rk.peakUsed = max(rk.peakUsed, rk.used)
-		r.state, r.admitted, r.prefillLeft = statePrefill, now, float64(r.prompt)
+		rk.waitingUncached -= r.waitUncached
+		r.pins = rk.cache.pin(hit, len(r.blocks)+len(r.answer))
+		r.cached, r.private = cached, private
+		rk.private += private
+		rk.cache.evict(rk.used() + rk.cache.evictable - w.cfg.MaxTotalTokens)
+		rk.peakUsed = max(rk.peakUsed, rk.used())
+		rk.promptTokens += r.prompt
+		rk.cachedTokens += cached
+		r.state, r.admitted, r.prefillLeft = statePrefill, now, float64(r.prompt-cached)
 		rk.running = append(rk.running, r)
 	}
 	if len(rk.waiting) == 0 {
@@ -389,15 +475,18 @@ type RankLoad struct {
 	DPRank                int
 	Running               int     // num_running_reqs: admitted requests, prefilling or decoding
 	Waiting               int     // num_waiting_reqs
-	WaitingUncachedTokens int64   // num_waiting_uncached_tokens: queued prompt tokens (no prefix cache)
-	UsedTokens            int64   // num_used_tokens: KV tokens reserved by running requests
+	WaitingUncachedTokens int64   // num_waiting_uncached_tokens: queued prompt tokens the cache did not cover
+	UsedTokens            int64   // num_used_tokens: KV tokens held by running requests
 	TotalTokens           int64   // num_total_tokens: used + queued prompt tokens
 	MaxTotalTokens        int64   // max_total_num_tokens: pool capacity
 	MaxRunning            int     // max_running_requests
 	TokenUsage            float64 // used / capacity, 4 decimals
 	GenThroughput         float64 // output tokens/s over the last second, 2 decimals
-	CacheHitRate          float64 // always 0: the simulator has no prefix cache
+	CacheHitRate          float64 // cached / prompt tokens over every admitted request, 4 decimals
 	Utilization           float64 // fraction of the last second with a non-empty batch, 4 decimals
+	CacheTokens           int64   // tokens in the prefix cache, held or evictable (not on the wire)
+	PrefillUncachedTokens int64   // total_prefill_uncached_tokens: prompt tokens prefilled since start
+	PrefillBusyMicros     int64   // total_prefill_busy_us: microseconds the prefill stream was busy
 }
 
 // Loads returns the current load of every DP rank.
@@ -412,18 +501,27 @@ func (w *Worker) loadsLocked(now time.Time) []RankLoad {
 	out := make([]RankLoad, len(w.ranks))
 	for i, rk := range w.ranks {
 		tput, busy := rk.win.rates(at)
+		used := rk.used()
+		var hitRate float64
+		if rk.promptTokens > 0 {
+			hitRate = round(float64(rk.cachedTokens)/float64(rk.promptTokens), 4)
+		}
 		out[i] = RankLoad{
 			DPRank:                rk.id,
 			Running:               len(rk.running),
 			Waiting:               len(rk.waiting),
-			WaitingUncachedTokens: rk.waitingPrompt,
-			UsedTokens:            rk.used,
-			TotalTokens:           rk.used + rk.waitingPrompt,
+			WaitingUncachedTokens: rk.waitingUncached,
+			UsedTokens:            used,
+			TotalTokens:           used + rk.waitingPrompt,
 			MaxTotalTokens:        w.cfg.MaxTotalTokens,
 			MaxRunning:            w.cfg.MaxRunningRequests,
-			TokenUsage:            round(float64(rk.used)/float64(w.cfg.MaxTotalTokens), 4),
+			TokenUsage:            round(float64(used)/float64(w.cfg.MaxTotalTokens), 4),
 			GenThroughput:         round(tput, 2),
+			CacheHitRate:          hitRate,
 			Utilization:           round(busy, 4),
+			CacheTokens:           rk.cache.tokens(),
+			PrefillUncachedTokens: int64(math.Round(rk.prefilled)),
+			PrefillBusyMicros:     int64(math.Round(rk.prefillBusy * 1e6)),
 		}
 	}
 	return out
@@ -436,12 +534,15 @@ func round(x float64, decimals int) float64 {
 
 // Stats summarises what a worker has done, for demos and benchmarks.
 type Stats struct {
-	Name           string
-	Served         int64   // requests that finished generating
-	Failed         int64   // requests aborted by their client or by Close
-	PeakUsedTokens int64   // highest num_used_tokens of any rank
-	PeakTokenUsage float64 // PeakUsedTokens / capacity
-	Loads          []RankLoad
+	Name            string
+	Served          int64   // requests that finished generating
+	Failed          int64   // requests aborted by their client or by Close
+	PeakUsedTokens  int64   // highest num_used_tokens of any rank
+	PeakTokenUsage  float64 // PeakUsedTokens / capacity
+	PromptTokens    int64   // prompt tokens of admitted requests, over all ranks
+	CachedTokens    int64   // of those, the ones the prefix cache covered
+	PrefilledTokens int64   // prompt tokens prefilled so far (uncached ones)
+	Loads           []RankLoad
 }
 
 // Stats returns the worker's counters and current loads.
@@ -449,8 +550,11 @@ func (w *Worker) Stats() Stats {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	s := Stats{Name: w.cfg.Name, Served: w.served, Failed: w.failed, Loads: w.loadsLocked(time.Now())}
-	for _, rk := range w.ranks {
+	for i, rk := range w.ranks {
 		s.PeakUsedTokens = max(s.PeakUsedTokens, rk.peakUsed)
+		s.PromptTokens += rk.promptTokens
+		s.CachedTokens += rk.cachedTokens
+		s.PrefilledTokens += s.Loads[i].PrefillUncachedTokens
 	}
 	s.PeakTokenUsage = round(float64(s.PeakUsedTokens)/float64(w.cfg.MaxTotalTokens), 4)
 	return s

@@ -347,10 +347,10 @@ func TestStreamingChat(t *testing.T) {
 	}
 	var content strings.Builder
 	var finish string
-	var usage *chatUsage
+	var usage *openAIUsage
 	contentChunks := 0
 	for i, e := range events[:len(events)-1] {
-		var c chatResponse
+		var c openAIResponse
 		if err := json.Unmarshal([]byte(e), &c); err != nil {
 			t.Fatalf("chunk %q: %v", e, err)
 		}
@@ -406,7 +406,7 @@ func TestStreamingGenerateAndChat(t *testing.T) {
 		"messages": []any{map[string]any{"role": "user", "content": []any{map[string]any{"type": "text", "text": "12345"}}}},
 	})
 	mustStatus(t, r, b, http.StatusOK)
-	var c chatResponse
+	var c openAIResponse
 	if err := json.Unmarshal(b, &c); err != nil {
 		t.Fatal(err)
 	}
@@ -583,7 +583,7 @@ func TestIdleWorkersAreFree(t *testing.T) {
 	// A worker's clock stops once it drains.
 	w := New(fastConfig())
 	defer w.Close()
-	r, err := w.submit(1, 5, -1)
+	r, err := w.submit(sized(1, 5))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -606,7 +606,7 @@ func TestDecodeSpeedModel(t *testing.T) {
 	w.last = start
 	var reqs []*request
 	for range 17 {
-		r := &request{prompt: 1, maxOut: 1000, notify: make(chan struct{}, 1), started: make(chan struct{}), done: make(chan struct{})}
+		r := newRequest(0, sized(1, 1000))
 		r.rank = w.ranks[0]
 		w.ranks[0].waiting = append(w.ranks[0].waiting, r)
 		reqs = append(reqs, r)

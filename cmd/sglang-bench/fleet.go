@@ -29,14 +29,11 @@ func workerConfig(i int) sglangsim.Config {
 	return c
 }
 
-// benchSimOptions sets the simulator options every benchmark fleet runs with.
-//
-// TO WIRE once the simulator has them (one line): answers end early, their real length drawn from the
-// request content between 0.3x and 1x max_tokens, so no policy is judged on perfect foresight; the prefix
-// cache stays on (its default): the quality workload's prompts are unique from their first token.
-//
-//	c.FinishEarly = 0.3
-func benchSimOptions(c *sglangsim.Config) { _ = c }
+// benchSimOptions sets the simulator options every benchmark fleet runs with: answers end early, their
+// real length drawn from the request content between 0.3x and 1x max_tokens, so no policy is judged on
+// perfect foresight; the prefix cache stays on (its default): the quality workload's prompts are unique
+// from their first token.
+func benchSimOptions(c *sglangsim.Config) { c.FinishEarly = 0.3 }
 
 // fleet is one set of simulated workers on loopback, with what the bench measures on them from outside
 // the wire: load polls per worker, and KV use sampled while a run is on.

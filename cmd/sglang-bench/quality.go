@@ -44,17 +44,17 @@ func qualityPolicies() []policy {
 		{name: "round_robin", lb: "lb_policy round_robin"},
 		{name: "least_conn", lb: "lb_policy least_conn"},
 		{name: "random_choose 2", lb: "lb_policy random_choose 2"},
-		sglangLoad("sglang_load power_of_two 10s", 10*time.Second, "choose power_of_two"),
-		sglangLoad("sglang_load power_of_two 10s no-inflight", 10*time.Second, "choose power_of_two", "inflight_correction off"),
-		sglangLoad("sglang_load power_of_two 1s", time.Second, "choose power_of_two"),
-		sglangLoad("sglang_load power_of_two 1s no-inflight", time.Second, "choose power_of_two", "inflight_correction off"),
-		sglangLoad("sglang_load least 10s", 10*time.Second, "choose least"),
-		sglangLoad("sglang_load least 10s no-inflight", 10*time.Second, "choose least", "inflight_correction off"),
-		sglangLoad("sglang_load least 1s", time.Second, "choose least"),
-		sglangLoad("sglang_load least 1s no-inflight", time.Second, "choose least", "inflight_correction off"),
-		// COST-MODEL ROWS: add them here once the option exists, one line each, e.g.
-		//	sglangLoad("sglang_load cost 10s", 10*time.Second, "choose cost"),
-		//	sglangLoad("sglang_load cost 1s", time.Second, "choose cost"),
+		sglangLoad("sglang_load power_of_two 10s", 10*time.Second, "metric auto", "choose power_of_two"),
+		sglangLoad("sglang_load power_of_two 10s no-inflight", 10*time.Second, "metric auto", "choose power_of_two", "inflight_correction off"),
+		sglangLoad("sglang_load power_of_two 1s", time.Second, "metric auto", "choose power_of_two"),
+		sglangLoad("sglang_load power_of_two 1s no-inflight", time.Second, "metric auto", "choose power_of_two", "inflight_correction off"),
+		sglangLoad("sglang_load least 10s", 10*time.Second, "metric auto", "choose least"),
+		sglangLoad("sglang_load least 10s no-inflight", 10*time.Second, "metric auto", "choose least", "inflight_correction off"),
+		sglangLoad("sglang_load least 1s", time.Second, "metric auto", "choose least"),
+		sglangLoad("sglang_load least 1s no-inflight", time.Second, "metric auto", "choose least", "inflight_correction off"),
+		sglangLoad("sglang_load cost 10s", 10*time.Second, "metric cost"),
+		sglangLoad("sglang_load cost 10s no-inflight", 10*time.Second, "metric cost", "inflight_correction off"),
+		sglangLoad("sglang_load cost 1s", time.Second, "metric cost"),
 	}
 }
 

@@ -13,8 +13,9 @@ import (
 func replicaPolicies() []policy {
 	return []policy{
 		{name: "least_conn", lb: "lb_policy least_conn"},
-		sglangLoad("sglang_load power_of_two 10s", 10*time.Second, "choose power_of_two"),
-		sglangLoad("sglang_load power_of_two 1s", time.Second, "choose power_of_two"),
+		sglangLoad("sglang_load power_of_two 10s", 10*time.Second, "metric auto", "choose power_of_two"),
+		sglangLoad("sglang_load power_of_two 1s", time.Second, "metric auto", "choose power_of_two"),
+		sglangLoad("sglang_load cost 10s", 10*time.Second, "metric cost"),
 	}
 }
 

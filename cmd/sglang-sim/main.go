@@ -39,6 +39,8 @@ type options struct {
 	decodeSpeed, prefillSpeed     float64
 	maxRunning, dpRanks           int
 	legacyShape                   bool
+	prefixCache, prefillCounters  bool
+	finishEarly                   float64
 	apiKey, listen, version       string
 	allowRemote                   bool
 	statsEvery, shutdownTimeout   time.Duration
@@ -62,6 +64,9 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.IntVar(&o.maxRunning, "max-running", 64, "running batch cap per DP rank (max_running_requests)")
 	fs.IntVar(&o.dpRanks, "dp-ranks", 1, "data-parallel ranks per worker")
 	fs.BoolVar(&o.legacyShape, "legacy-shape", false, "answer /v1/loads in the early-2026 shape (dp_rank_count, aggregate, num_total_reqs)")
+	fs.BoolVar(&o.prefixCache, "prefix-cache", true, "keep a prefix cache per DP rank (16-token blocks, LRU); -prefix-cache=false prefills every prompt token")
+	fs.BoolVar(&o.prefillCounters, "prefill-counters", true, "send total_prefill_uncached_tokens and total_prefill_busy_us in /v1/loads; false acts as an older SGLang")
+	fs.Float64Var(&o.finishEarly, "finish-early", 0, "end answers early: each length drawn in [f*max_tokens, max_tokens] from a hash of the request; 0 disables")
 	fs.StringVar(&o.apiKey, "api-key", "", "require Authorization: Bearer <key> on load and generate routes")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1", "host to listen on")
 	fs.BoolVar(&o.allowRemote, "allow-remote", false, "allow a -listen host that is not loopback")
@@ -95,6 +100,8 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		return o, fmt.Errorf("invalid -max-running %d: want at least 1", o.maxRunning)
 	case o.dpRanks < 1:
 		return o, fmt.Errorf("invalid -dp-ranks %d: want at least 1", o.dpRanks)
+	case !(o.finishEarly >= 0 && o.finishEarly < 1):
+		return o, fmt.Errorf("invalid -finish-early %v: want a fraction in [0, 1), 0 to disable", o.finishEarly)
 	case o.statsEvery < 0:
 		return o, fmt.Errorf("invalid -stats %v: want >= 0", o.statsEvery)
 	}
@@ -145,6 +152,9 @@ func run(ctx context.Context, args []string, output io.Writer, ready chan<- []*s
 			MaxRunningRequests:  o.maxRunning,
 			DPRanks:             o.dpRanks,
 			LegacyShape:         o.legacyShape,
+			DisablePrefixCache:  !o.prefixCache,
+			OmitPrefillCounters: !o.prefillCounters,
+			FinishEarly:         o.finishEarly,
 			APIKey:              o.apiKey,
 			Version:             o.version,
 		})
@@ -164,8 +174,9 @@ func run(ctx context.Context, args []string, output io.Writer, ready chan<- []*s
 		if s.grpcAddr != "" {
 			grpcInfo = " grpc " + s.grpcAddr
 		}
-		logger.Printf("worker %s listening on http://%s%s capacity=%d dp_ranks=%d max_running=%d decode=%g tok/s legacy_shape=%t",
-			w.Name, s.httpAddr, grpcInfo, w.MaxTotalTokens, w.DPRanks, w.MaxRunningRequests, w.DecodeTokensPerSec, w.LegacyShape)
+		logger.Printf("worker %s listening on http://%s%s capacity=%d dp_ranks=%d max_running=%d decode=%g tok/s legacy_shape=%t prefix_cache=%t finish_early=%g",
+			w.Name, s.httpAddr, grpcInfo, w.MaxTotalTokens, w.DPRanks, w.MaxRunningRequests, w.DecodeTokensPerSec, w.LegacyShape,
+			!w.DisablePrefixCache, w.FinishEarly)
 		s.w.Faults().OnDown(func(d time.Duration) { go s.bounce(d) })
 	}
 	if ready != nil {
@@ -201,8 +212,8 @@ func logStats(logger *log.Logger, servers []*server) {
 			waiting += l.Waiting
 			used += l.UsedTokens
 		}
-		logger.Printf("worker %s served=%d failed=%d running=%d waiting=%d used_tokens=%d peak_token_usage=%.4f",
-			st.Name, st.Served, st.Failed, running, waiting, used, st.PeakTokenUsage)
+		logger.Printf("worker %s served=%d failed=%d running=%d waiting=%d used_tokens=%d peak_token_usage=%.4f prompt_tokens=%d cached_tokens=%d prefilled_tokens=%d",
+			st.Name, st.Served, st.Failed, running, waiting, used, st.PeakTokenUsage, st.PromptTokens, st.CachedTokens, st.PrefilledTokens)
 	}
 }
 

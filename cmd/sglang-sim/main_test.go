@@ -26,7 +26,13 @@ func TestParseFlags(t *testing.T) {
 	if o.count != 4 || len(o.capacities) != 2 || o.capacities[1] != 2000 || o.basePort != 30000 || o.listen != "127.0.0.1" {
 		t.Fatalf("%+v", o)
 	}
+	if !o.prefixCache || !o.prefillCounters || o.finishEarly != 0 {
+		t.Fatalf("model defaults: %+v", o)
+	}
 	for _, args := range [][]string{
+		{"-finish-early", "-0.1"},
+		{"-finish-early", "1"},
+		{"-finish-early", "NaN"},
 		{"-count", "0"},
 		{"-capacity", "1000,x"},
 		{"-capacity", "0"},
@@ -169,5 +175,31 @@ func TestRunDownAndShutdown(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "served=1") {
 		t.Fatalf("final stats missing: %s", logs.String())
+	}
+}
+
+// The model flags reach every worker's Config.
+func TestRunPassesModelFlags(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	ready := make(chan []*server, 1)
+	errc := make(chan error, 1)
+	go func() {
+		errc <- run(ctx, []string{"-count", "1", "-base-port", strconv.Itoa(freePort(t)), "-prefix-cache=false",
+			"-prefill-counters=false", "-finish-early", "0.3"}, io.Discard, ready)
+	}()
+	select {
+	case servers := <-ready:
+		for _, s := range servers {
+			if c := s.w.Config(); !c.DisablePrefixCache || !c.OmitPrefillCounters || c.FinishEarly != 0.3 {
+				t.Fatalf("config: %+v", c)
+			}
+		}
+	case err := <-errc:
+		t.Fatalf("run: %v", err)
+	}
+	cancel()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,0 +1,208 @@
+package affinity
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+// received is what the upstream got.
+type received struct {
+	sum    [32]byte
+	length int
+	err    error
+}
+
+// relay starts an upstream on loopback that hashes what it receives and a front server that reads the
+// head of each body with ReadHead and forwards the request to the upstream, as a proxy does.
+func relay(t *testing.T, limit int) (front string, got <-chan received, heads <-chan []byte) {
+	t.Helper()
+	gotc := make(chan received, 1)
+	headc := make(chan []byte, 1)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := sha256.New()
+		n, err := io.Copy(h, r.Body)
+		var rec received
+		copy(rec.sum[:], h.Sum(nil))
+		rec.length, rec.err = int(n), err
+		gotc <- rec
+	}))
+	t.Cleanup(upstream.Close)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		head, complete := ReadHead(r, limit, make([]byte, 0, limit))
+		headc <- append([]byte(nil), head...)
+		out, err := http.NewRequestWithContext(r.Context(), r.Method, upstream.URL+r.URL.Path, r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		out.ContentLength = r.ContentLength
+		resp, err := upstream.Client().Do(out)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		resp.Body.Close()
+		w.Header().Set("X-Complete", fmt.Sprint(complete))
+	}))
+	t.Cleanup(proxy.Close)
+	return proxy.URL, gotc, headc
+}
+
+func TestReadHeadBodyArrivesWhole(t *testing.T) {
+	const limit = 16 << 10
+	rng := rand.New(rand.NewPCG(1, 2))
+	body := func(n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		return b
+	}
+	tests := []struct {
+		name    string
+		body    []byte
+		chunked bool
+	}{
+		{"content-length, under the bound", body(1000), false},
+		{"content-length, exactly the bound", body(limit), false},
+		{"chunked, under the bound", body(1000), true},
+		{"chunked, exactly the bound", body(limit), true},
+		{"content-length, far over the bound", body(1 << 20), false},
+		{"chunked, far over the bound", body(1 << 20), true},
+		{"content-length, 10 MiB", body(10 << 20), false},
+		{"chunked, 10 MiB", body(10 << 20), true},
+	}
+	front, got, heads := relay(t, limit)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var r io.Reader = bytes.NewReader(tt.body)
+			if tt.chunked {
+				r = struct{ io.Reader }{r} // hides the length: the client sends it chunked
+			}
+			req, err := http.NewRequest(http.MethodPost, front+"/v1/chat/completions", r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			rec, head := <-got, <-heads
+			if rec.err != nil || rec.length != len(tt.body) || rec.sum != sha256.Sum256(tt.body) {
+				t.Fatalf("upstream got %d bytes (error %v), want the %d sent, byte for byte", rec.length, rec.err, len(tt.body))
+			}
+			if want := tt.body[:min(limit, len(tt.body))]; !bytes.Equal(head, want) {
+				t.Fatalf("head of %d bytes is not the body's first %d", len(head), len(want))
+			}
+			// A chunked body that fills the bound exactly may have more: only its end says.
+			wantComplete := len(tt.body) < limit || len(tt.body) == limit && !tt.chunked
+			if c := resp.Header.Get("X-Complete"); c != fmt.Sprint(wantComplete) {
+				t.Fatalf("complete %s, want %t", c, wantComplete)
+			}
+		})
+	}
+}
+
+// closeRecorder is a body that counts its Close calls.
+type closeRecorder struct {
+	io.Reader
+	closed int
+}
+
+func (c *closeRecorder) Close() error { c.closed++; return nil }
+
+func TestReadHeadReadErrorReachesUpstream(t *testing.T) {
+	boom := errors.New("client went away")
+	sent := []byte(strings.Repeat("x", 300))
+	r := httptest.NewRequest(http.MethodPost, "/generate", io.MultiReader(bytes.NewReader(sent), iotest.ErrReader(boom)))
+	r.ContentLength = -1
+	head, complete := ReadHead(r, 1000, nil)
+	if !bytes.Equal(head, sent) || complete {
+		t.Fatalf("head %d bytes, complete %t; want the %d read, incomplete", len(head), complete, len(sent))
+	}
+	got, err := io.ReadAll(r.Body)
+	if !bytes.Equal(got, sent) || !errors.Is(err, boom) {
+		t.Fatalf("body gave %d bytes and %v; want the %d read, then the error", len(got), err, len(sent))
+	}
+}
+
+func TestReadHeadCloseLeavesAnUnreadBodyOpen(t *testing.T) {
+	orig := &closeRecorder{Reader: strings.NewReader(strings.Repeat("y", 5000))}
+	r := httptest.NewRequest(http.MethodPost, "/generate", nil)
+	r.Body, r.ContentLength = orig, 5000
+	ReadHead(r, 100, nil)
+	// A transport that fails to dial closes the body unread; a retry must still find all of it.
+	r.Body.Close()
+	if orig.closed != 0 {
+		t.Fatal("closing the unread body closed the client's body")
+	}
+	got, err := io.ReadAll(r.Body)
+	if err != nil || len(got) != 5000 {
+		t.Fatalf("after the unread close: %d bytes, %v; want 5000", len(got), err)
+	}
+	r.Body.Close()
+	if orig.closed != 1 {
+		t.Fatalf("closing the read body closed the client's body %d times, want 1", orig.closed)
+	}
+}
+
+func TestReadHeadLeavesSomeBodiesAlone(t *testing.T) {
+	t.Run("compressed", func(t *testing.T) {
+		r := httptest.NewRequest(http.MethodPost, "/generate", strings.NewReader("\x1f\x8b..."))
+		r.Header.Set("Content-Encoding", "gzip")
+		body := r.Body
+		if head, complete := ReadHead(r, 100, nil); head != nil || complete || r.Body != body {
+			t.Fatalf("head %q, complete %t, body replaced %t", head, complete, r.Body != body)
+		}
+	})
+	t.Run("no body", func(t *testing.T) {
+		r := httptest.NewRequest(http.MethodGet, "/generate", nil)
+		if head, complete := ReadHead(r, 100, nil); head != nil || !complete || r.Body != http.NoBody {
+			t.Fatalf("head %q, complete %t", head, complete)
+		}
+	})
+	t.Run("GetBody", func(t *testing.T) {
+		r, err := http.NewRequest(http.MethodPost, "http://127.0.0.1/generate", strings.NewReader(`{"text":"hello"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := r.Body
+		head, complete := ReadHead(r, 100, nil)
+		if string(head) != `{"text":"hello"}` || !complete || r.Body != body {
+			t.Fatalf("head %q, complete %t, body replaced %t", head, complete, r.Body != body)
+		}
+		if got, _ := io.ReadAll(r.Body); string(got) != `{"text":"hello"}` {
+			t.Fatalf("body %q", got)
+		}
+	})
+}
+
+func BenchmarkReadHead(b *testing.B) {
+	body := []byte(chatBody(16<<10, false))
+	buf := make([]byte, 0, 64<<10)
+	rd := bytes.NewReader(body)
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+	b.ReportAllocs()
+	cpu := startCPU()
+	for b.Loop() {
+		rd.Reset(body)
+		r.Body, r.ContentLength = io.NopCloser(rd), int64(len(body))
+		if head, complete := ReadHead(r, 64<<10, buf); len(head) != len(body) || !complete {
+			b.Fatal("short head")
+		}
+	}
+	cpu.report(b)
+}

@@ -1,0 +1,229 @@
+package loadpolicy
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+const coreFields = FieldRunning | FieldWaiting | FieldWaitingUncachedTokens | FieldUsedTokens |
+	FieldMaxTotalTokens | FieldMaxRunning | FieldGenThroughput
+
+// worker is one rank with every core field sent.
+func worker(running, waiting, uncached, used, capacity, maxRunning int64, gen float64) Rank {
+	return Rank{Running: running, Waiting: waiting, WaitingUncachedTokens: uncached, UsedTokens: used,
+		MaxTotalTokens: capacity, MaxRunning: maxRunning, GenThroughput: gen, Fields: coreFields}
+}
+
+// perRequest is the decode speed at batch of a worker whose requests decode at alone tokens/s each
+// in a batch of one, halving at 16 more.
+func perRequest(alone float64, batch int) float64 { return alone / (1 + float64(batch-1)/16) }
+
+func TestCost(t *testing.T) {
+	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 16, MeanOutputTokens: 100}
+	// 4 running at 200 tok/s: 50 each at batch 4, so 50 x (1 + 3/16) alone.
+	busyAlone := 50 * (1 + 3.0/16)
+	busy := worker(4, 0, 0, 4000, 10000, 8, 200)
+	withCounters := func(rk Rank, tokens, busyUS int64) Rank {
+		rk.PrefillUncachedTokens, rk.PrefillBusyUS = tokens, busyUS
+		rk.Fields |= FieldPrefillCounters
+		return rk
+	}
+	tests := []struct {
+		name   string
+		ranks  []Rank
+		prev   []Rank // the previous report, for Follow; nil for none
+		req    Request
+		cached int64
+		since  Since
+		want   float64 // seconds, computed by hand in the comment
+	}{
+		{
+			// Nothing measured: prefill 800/8000 = 0.1, decode 100/50 = 2.
+			name: "idle worker, defaults", ranks: []Rank{worker(0, 0, 0, 0, 10000, 8, 0)},
+			req: Request{800, 100}, want: 2.1,
+		},
+		{
+			// 600 of 800 prompt tokens cached: prefill 200/8000 = 0.025, decode 2.
+			name: "cached prefix", ranks: []Rank{worker(0, 0, 0, 0, 10000, 8, 0)},
+			req: Request{800, 100}, cached: 600, want: 2.025,
+		},
+		{
+			// Batch 4+1 = 5; prefill 400/8000 = 0.05.
+			name: "busy worker", ranks: []Rank{busy}, req: Request{400, 100}, want: 100/perRequest(busyAlone, 5) + 0.05,
+		},
+		{
+			// 4 running + 2 queued hold 9000 + 1000 tokens, the queued ones 2 x 100 output to come:
+			// 10200 tokens, 1700 a request. Adding 500 is 700 over the 10000 pool: 700 x 100/1700 tokens of
+			// output at the batch-7 throughput. Prefill (1000 queued + 400)/8000 = 0.175.
+			name: "full pool", ranks: []Rank{worker(4, 2, 1000, 9000, 10000, 8, 200)},
+			req:  Request{400, 100},
+			want: 700.0*100/1700/(7*perRequest(busyAlone, 7)) + 0.175 + 100/perRequest(busyAlone, 7),
+		},
+		{
+			// 8 running of 8 at 400 tok/s: one must finish first, 100 tokens at 400 tok/s = 0.25 s; the
+			// batch stays 8 at 50 tok/s each: decode 2; prefill 0.05.
+			name: "full batch", ranks: []Rank{worker(8, 0, 0, 800, 100000, 8, 400)},
+			req: Request{400, 100}, want: 2.3,
+		},
+		{
+			// Two requests sent since (800 prompt, 200 output tokens), none finished, 1 s ago: 6 present,
+			// batch 7; the 800 queued prompt tokens were prefilled in that second: prefill 0.05.
+			name: "sent since, projected", ranks: []Rank{busy}, req: Request{400, 100},
+			since: Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800},
+			want:  100/perRequest(busyAlone, 7) + 0.05,
+		},
+		{
+			// The same two sent but the count fell by 1: 3 finished, the oldest first, so 1 of the 4
+			// reported and both new ones remain: batch 4 at 50 tok/s, decode 2; prefill 0.05.
+			name: "finished since", ranks: []Rank{busy}, req: Request{400, 100},
+			since: Since{Elapsed: time.Second, Extra: -1, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800}, want: 2.05,
+		},
+		{
+			// Sent since: three short requests (100 + 10 tokens) and a long one (2000 + 1000); the count
+			// fell by 2, so 6 finished: none of the 4 reported, 2 of the 4 sent are left. They are most
+			// likely the long one and a short one: the output-weighted mean size is 3003300/1030 tokens,
+			// 2 of them capped at the 3330 sent. Adding 500 is 330 over the pool of 3500; 3330/2 tokens a
+			// request; batch 3; the 2300 prompt tokens were prefilled in the second since.
+			name: "finished since, the long ones left", ranks: []Rank{worker(4, 0, 0, 1000, 3500, 8, 200)},
+			req:   Request{400, 100},
+			since: Since{Elapsed: time.Second, Extra: -2, Sent: 4, SentPrompt: 2300, SentOutput: 1030, SentWeighted: 3003300},
+			want:  330.0/1665*(100/perRequest(busyAlone, 3)/3) + 100/perRequest(busyAlone, 3) + 0.05,
+		},
+		{
+			// Just sent, not yet prefilled: 800 tokens ahead, (800 + 400)/8000 = 0.15; batch 7.
+			name: "sent since, queued", ranks: []Rank{busy}, req: Request{400, 100},
+			since: Since{Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800}, want: 100/perRequest(busyAlone, 7) + 0.15,
+		},
+		{
+			// Counters moved 4000 tokens in 1 s of busy prefill: 4000 tok/s. Idle now; decode carried
+			// from the previous report, 100 tok/s at batch 2, 50 x (1 + 1/16) alone; prefill 400/4000 = 0.1.
+			name:  "measured prefill, carried decode",
+			prev:  []Rank{withCounters(worker(2, 0, 0, 1000, 10000, 8, 100), 1000, 1_000_000)},
+			ranks: []Rank{withCounters(worker(0, 0, 0, 0, 10000, 8, 0), 5000, 2_000_000)},
+			req:   Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.1,
+		},
+		{
+			// The previous report measured 400 tok/s at batch 2 (200 each, 203.125 alone at the reference
+			// halving of 32); this one reads 50 at batch 4 (a window that lagged the batch): the floor
+			// keeps 0.8 x 203.125 = 162.5 alone; batch 5 at halving 16; prefill 0.05.
+			name:  "decode floor from the previous report",
+			prev:  []Rank{worker(2, 0, 0, 1000, 10000, 8, 400)},
+			ranks: []Rank{worker(4, 0, 0, 1000, 10000, 8, 50)},
+			req:   Request{400, 100}, want: 100/perRequest(0.8*200*(1+1.0/32), 5) + 0.05,
+		},
+		{
+			// Two DP ranks: the worker prefills 8000 tok/s, a prompt runs on one rank at 4000: 400/4000 = 0.1.
+			name: "two ranks", ranks: []Rank{worker(0, 0, 0, 0, 10000, 8, 0), worker(0, 0, 0, 0, 10000, 8, 0)},
+			req: Request{400, 100}, want: 2.1,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rep := NewReport(time.Unix(0, 0), "", tt.ranks)
+			if tt.prev != nil {
+				rep.Follow(NewReport(time.Unix(0, 0), "", tt.prev))
+			}
+			if !rep.Priced() {
+				t.Fatal("report not priced")
+			}
+			got := rep.Cost(tt.req, tt.cached, tt.since, &params)
+			if math.Abs(got-tt.want) > 1e-9 {
+				t.Errorf("cost %.6f s, want %.6f s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestCostFallbacks(t *testing.T) {
+	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 16, MeanOutputTokens: 100}
+	// No running/waiting counts: nothing to price.
+	rep := NewReport(time.Unix(0, 0), "", []Rank{{GenThroughput: 100, Fields: FieldGenThroughput}})
+	if rep.Priced() || !math.IsInf(rep.Cost(Request{1, 1}, 0, Since{}, &params), 1) {
+		t.Error("a report without request counts is priced")
+	}
+	if (*Report)(nil).Priced() {
+		t.Error("nil report priced")
+	}
+	// Only counts: no pool, no batch cap, no throughput; defaults for both speeds, the decode one at
+	// batch 3+1.
+	rep = NewReport(time.Unix(0, 0), "", []Rank{{Running: 3, Fields: FieldRunning | FieldWaiting}})
+	if got, want := rep.Cost(Request{400, 100}, 0, Since{}, &params), 0.05+100/perRequest(50, 4); math.Abs(got-want) > 1e-9 {
+		t.Errorf("counts only: %v s, want %v", got, want)
+	}
+	// A restarted worker's counters go backwards: no speed measured, the default stays.
+	prev := NewReport(time.Unix(0, 0), "", []Rank{{Running: 1, PrefillUncachedTokens: 9000, PrefillBusyUS: 9e6, Fields: FieldRunning | FieldWaiting | FieldPrefillCounters}})
+	rep = NewReport(time.Unix(1, 0), "", []Rank{{Running: 1, PrefillUncachedTokens: 10, PrefillBusyUS: 1e6, Fields: FieldRunning | FieldWaiting | FieldPrefillCounters}})
+	rep.Follow(prev)
+	if _, ok := rep.PrefillTokensPerSec(); ok {
+		t.Error("backward counters measured a speed")
+	}
+	// Too little busy time between polls measures nothing either, but keeps an earlier measurement.
+	prev.work.prefill, prev.work.prefillOK = 3000, true
+	rep = NewReport(time.Unix(1, 0), "", []Rank{{Running: 1, PrefillUncachedTokens: 9010, PrefillBusyUS: 9e6 + 100, Fields: FieldRunning | FieldWaiting | FieldPrefillCounters}})
+	rep.Follow(prev)
+	if s, ok := rep.PrefillTokensPerSec(); !ok || s != 3000 {
+		t.Errorf("prefill speed %v %v, want the previous 3000", s, ok)
+	}
+	// Negative counters are dropped as not sent.
+	rep = NewReport(time.Unix(0, 0), "", []Rank{{PrefillUncachedTokens: -1, PrefillBusyUS: 5, Fields: FieldPrefillCounters}})
+	if rep.Ranks[0].Has(FieldPrefillCounters) {
+		t.Error("negative prefill counter kept")
+	}
+}
+
+func TestChooseCost(t *testing.T) {
+	costs := []struct {
+		cost   float64
+		priced bool
+		avail  bool
+	}{{3, true, true}, {1, true, false}, {2, true, true}, {0, false, true}, {2.5, true, true}}
+	at := func(i int) (Candidate, bool) {
+		c := costs[i]
+		return Candidate{Cost: c.cost, Priced: c.priced}, c.avail
+	}
+	first := func(int) int { return 0 }
+	for _, choice := range []Choice{Auto, Least, Window} {
+		if i, ok := Choose(choice, MetricCost, len(costs), at, first); i != 2 || !ok {
+			t.Errorf("%v: chose %d %v, want 2 (the cheapest available priced)", choice, i, ok)
+		}
+	}
+	none := func(i int) (Candidate, bool) { return Candidate{Inflight: int64(i)}, true }
+	if i, ok := Choose(Auto, MetricCost, 5, none, first); i != -1 || ok {
+		t.Errorf("nothing priced: chose %d %v, want -1 false (fall back)", i, ok)
+	}
+	// power_of_two compares the pair on cost.
+	for range 50 {
+		i, ok := Choose(PowerOfTwo, MetricCost, 2, func(i int) (Candidate, bool) {
+			return Candidate{Cost: float64(2 - i), Priced: true}, true
+		}, func(n int) int { return n - 1 })
+		if i != 1 || !ok {
+			t.Fatalf("power_of_two: chose %d, want 1", i)
+		}
+	}
+}
+
+func TestChooseWindowIsBounded(t *testing.T) {
+	const n = 1024
+	calls := 0
+	at := func(i int) (Candidate, bool) {
+		calls++
+		return Candidate{Cost: float64(i), Priced: true}, true
+	}
+	// A start of 1020 wraps: 1020..1023, 0..11; the cheapest of those is 0.
+	i, ok := Choose(Window, MetricCost, n, at, func(int) int { return 1020 })
+	if i != 0 || !ok || calls != WindowSize {
+		t.Errorf("chose %d %v after %d candidates, want 0 after %d", i, ok, calls, WindowSize)
+	}
+}
+
+func BenchmarkCost(b *testing.B) {
+	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, MeanOutputTokens: 100}
+	rep := NewReport(time.Unix(0, 0), "", []Rank{worker(4, 2, 1000, 9000, 10000, 8, 200)})
+	since := Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800}
+	var sink float64
+	for b.Loop() {
+		sink += rep.Cost(Request{400, 100}, 0, since, &params)
+	}
+	_ = sink
+}

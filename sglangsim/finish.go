@@ -1,0 +1,42 @@
+package sglangsim
+
+import (
+	"math"
+	"math/bits"
+)
+
+// plan turns a parsed request into the model's job: its answer's length and its cacheable blocks.
+func (w *Worker) plan(k promptKey, prompt, maxTokens int64, dpRank int) job {
+	j := job{
+		prompt:    prompt,
+		maxTokens: maxTokens,
+		output:    outputLength(w.cfg.FinishEarly, k.digest(), prompt, maxTokens),
+		dpRank:    dpRank,
+	}
+	// A request over the pool is refused by submit; do not hash it into blocks first.
+	if !w.cfg.DisablePrefixCache && prompt+maxTokens <= w.cfg.MaxTotalTokens {
+		j.blocks, j.answer = k.blocks(prompt, j.output)
+	}
+	return j
+}
+
+// outputLength is the length of an answer: maxTokens, or with low in (0, 1) a length in
+// [max(1, ceil(low × maxTokens)), maxTokens], uniform over the hash of the prompt (digest) and the sizes.
+func outputLength(low float64, digest uint64, prompt, maxTokens int64) int64 {
+	if low <= 0 || low >= 1 || maxTokens <= 1 {
+		return maxTokens
+	}
+	h := mix64(mix64(digest^uint64(prompt)) ^ uint64(maxTokens))
+	lo := max(1, int64(math.Ceil(low*float64(maxTokens))))
+	span, _ := bits.Mul64(h, uint64(maxTokens-lo+1)) // floor(h/2^64 × count): in [0, count)
+	return lo + int64(span)
+}
+
+// mix64 is SplitMix64's finaliser: FNV's low bits alone are poorly spread.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
