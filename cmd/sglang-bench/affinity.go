@@ -167,6 +167,10 @@ func runAffinity(ctx context.Context, o affinityOptions, stdout, stderr io.Write
 			ratioTables(&b, res, []metric{mHit, mTTFTMean, mTTFT90, mP50, mP99, mTok}, "sglang_load", "cache_aware (re-impl.)")
 			instanceRatios(&b, res, []metric{mHit, mTTFTMean, mP99})
 			kvTable(&b, res)
+			// Written as it grows, so a failure late in a long run keeps what was measured.
+			if err := writeResult(o.out, "affinity.md", b.String()+"\n(run incomplete)\n"); err != nil {
+				return err
+			}
 		}
 	}
 	fmt.Fprintf(&b, "CPU, whole run: %s.\n", cpuSince(mark))

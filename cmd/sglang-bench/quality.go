@@ -122,7 +122,18 @@ func runSeed(ctx context.Context, caddy string, specs []armSpec, jobs []job, sen
 	errs := make([]error, len(specs))
 	var wg sync.WaitGroup
 	for i, s := range specs {
-		wg.Go(func() { arms[i], errs[i] = startArm(ctx, caddy, s.p, s.n) })
+		wg.Go(func() {
+			// One more try with a fresh fleet and fresh Caddy processes: on a machine this busy a start can
+			// fail for reasons that have nothing to do with the policy.
+			for try := range 2 {
+				if arms[i], errs[i] = startArm(ctx, caddy, s.p, s.n); errs[i] == nil || ctx.Err() != nil {
+					return
+				}
+				if try == 0 {
+					fmt.Fprintf(os.Stderr, "sglang-bench: starting %s again: %v\n", s.label(), errs[i])
+				}
+			}
+		})
 	}
 	wg.Wait()
 	defer func() {

@@ -84,7 +84,7 @@ func startArm(ctx context.Context, caddy string, p policy, n int) (*arm, error) 
 			admin, global, port, strings.Join(f.addrs, " "), p.lb)
 	}
 	for range n {
-		c, err := startCaddy(ctx, caddy, cf, io.Discard)
+		c, err := startCaddyRetrying(ctx, caddy, cf)
 		if err != nil {
 			a.Close()
 			return nil, err
@@ -93,7 +93,8 @@ func startArm(ctx context.Context, caddy string, p policy, n int) (*arm, error) 
 	}
 	if p.interval > 0 {
 		for _, c := range a.caddys {
-			if err := c.waitFresh(ctx, len(f.addrs)); err != nil {
+			// A first poll lost on a busy machine is repeated an interval later: allow two.
+			if err := c.waitFresh(ctx, len(f.addrs), 2*p.interval+20*time.Second); err != nil {
 				a.Close()
 				return nil, fmt.Errorf("waiting for the first loads: %w", err)
 			}
