@@ -45,14 +45,15 @@ type affinityWorkload struct {
 
 func affinityWorkloads() []affinityWorkload {
 	sp, ss := defaultSharedPrefix, defaultSessions
-	// Turn t resends the history: its prompt P_t is the first message, t answers and t more messages. A
-	// cache of prompts holds the previous turn's prompt, P_{t−1}; nothing of turn 0.
+	// Turn t resends the history: its prompt P_t is the first message, t answers and t more messages. The
+	// simulator, as SGLang's radix cache, keeps prompts and answers: all of P_t but the new message is
+	// cached in the ideal case, nothing of turn 0.
 	var sessPrompt, sessCached float64
 	for t := range ss.turns {
 		p := float64(ss.firstTokens + t*(ss.outputTokens+ss.messageTokens))
 		sessPrompt += p
-		if t < ss.turns-1 {
-			sessCached += p
+		if t > 0 {
+			sessCached += p - float64(ss.messageTokens)
 		}
 	}
 	return []affinityWorkload{
@@ -68,9 +69,9 @@ func affinityWorkloads() []affinityWorkload {
 				"then %d tokens a turn, %d output tokens (max), think time %s mean; each turn resends the history with the answers as received",
 				ss.sessions, ss.turns, ss.turns, ss.firstTokens, ss.messageTokens, ss.outputTokens, ss.thinkTime),
 			jobs: func(seed int64, rate float64) []job { return sessionWorkload(seed, rate/float64(ss.turns), ss) },
-			ideal: fmt.Sprintf("Σ_{t≥1} P_{t−1} / Σ_t P_t with P_t = F + t(o+m) = %.3f at full-length answers: the previous turn's prompt "+
-				"is cached, not its answer (the simulator caches prompts; a cache that also kept answers would reach %.3f)",
-				sessCached/sessPrompt, (sessCached+float64((ss.turns-1)*ss.outputTokens))/sessPrompt)},
+			ideal: fmt.Sprintf("Σ_{t≥1}(P_t − m) / Σ_t P_t with P_t = F + t(o+m) = %.3f at full-length answers: all but each turn's new "+
+				"message is cached, the previous answers too (the simulator, as SGLang's radix cache, keeps generated tokens); "+
+				"answers that end early lower it", sessCached/sessPrompt)},
 		{name: "unique",
 			about: "the quality workload (no shared prefix: every prompt starts with a nonce), 512 requests",
 			jobs:  func(seed int64, rate float64) []job { return qualityWorkload(seed, rate, sp.groups*sp.questions) },
@@ -145,7 +146,7 @@ func runAffinity(ctx context.Context, o affinityOptions, stdout, stderr io.Write
 		"(so ×3 means three separate trees or in-flight counts): the bench asks the router for a worker and sends the request " +
 		"straight to it, skipping the proxy hop — a difference of tens of microseconds against latencies of seconds.\n\n")
 	b.WriteString("Hit rate: cached ÷ prompt tokens over the fleet, from each answer's usage.prompt_tokens_details.cached_tokens. " +
-		"Ideal (measured): one cache of unlimited size that saw every prompt in the order sent, counting whole blocks of " +
+		"Ideal (measured): one cache of unlimited size that saw every prompt (and answer) in the order sent, counting whole blocks of " +
 		fmt.Sprint(cacheBlockTokens) + " tokens of the prompt text that an earlier prompt had; the formula under each workload is the same " +
 		"figure computed from the shape.\n\n")
 	b.WriteString(spreadLegend)

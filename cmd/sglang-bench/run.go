@@ -166,6 +166,9 @@ func (a *arm) runSequence(ctx context.Context, seq []job) {
 			return
 		}
 		history = append(msgs, message{"assistant", answer})
+		a.mu.Lock()
+		a.ideal.remember(history)
+		a.mu.Unlock()
 	}
 }
 

@@ -214,6 +214,14 @@ func (c *idealCache) add(msgs []message) {
 	}
 }
 
+// remember caches a conversation without counting it as a prompt: an answer the worker generated, which
+// the simulator (as SGLang's radix cache) keeps for the next turn that resends it.
+func (c *idealCache) remember(msgs []message) {
+	for _, h := range blockHashes(promptText(msgs)) {
+		c.seen[h] = struct{}{}
+	}
+}
+
 func (c *idealCache) rate() float64 {
 	if c.prompt == 0 {
 		return 0

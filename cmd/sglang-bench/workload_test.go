@@ -206,3 +206,20 @@ func TestIdealCacheByHand(t *testing.T) {
 		t.Fatalf("prompt %d cached %d, want %d and %d", c.prompt, c.cached, 2*4*cacheBlockTokens, 2*cacheBlockTokens)
 	}
 }
+
+func TestIdealCacheRemembersAnswers(t *testing.T) {
+	blk := func(c string) string { return strings.Repeat(c, cacheBlockTokens*bytesPerToken) }
+	first := []message{{"user", blk("a") + blk("b")}}
+	c := newIdealCache()
+	c.add(first)
+	history := append(first, message{"assistant", blk("c") + blk("d")})
+	c.remember(history)
+	if c.prompt != 2*cacheBlockTokens || c.cached != 0 {
+		t.Fatalf("remember counted as a prompt: prompt %d cached %d", c.prompt, c.cached)
+	}
+	c.add(append(history, message{"user", blk("e")}))
+	// promptText of the history is 4 blocks + 17 bytes of roles and newlines: its 4 whole blocks are cached.
+	if c.cached != 4*cacheBlockTokens {
+		t.Fatalf("cached %d tokens of the second turn, want the history's 4 blocks, %d", c.cached, 4*cacheBlockTokens)
+	}
+}
