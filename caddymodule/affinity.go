@@ -85,6 +85,7 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, r *http.Reques
 	*c = affinityCandidates{p: p, pool: pool, eps: *p.endpoints.Load(), byIndex: p.index.Load().of(pool),
 		now: clock.Now(), size: st.size, params: p.costs}
 	c.params.MeanOutputTokens = math.Float64frombits(p.meanOut.Load())
+	c.weighLoads()
 	choice := p.affinityIndex.Choose(st.key, c, p.AffinityBalance)
 	if choice.Index < 0 {
 		return p.selectFallback(pool, r, w)
@@ -112,6 +113,36 @@ type affinityCandidates struct {
 	size    loadpolicy.Request
 	params  loadpolicy.CostParams
 	workers [64]affinity.Worker
+	// scale turns the in-flight count of each of the first len(scale) positions into requests of a
+	// worker of the fleet's mean batch cap, so the balance bound holds a 4x worker to four times a 1x
+	// one's count; 0 where unknown (a count as it is).
+	scale [64]float64
+}
+
+// weighLoads sets scale from the batch caps (max_running_requests) of the fresh reports.
+func (c *affinityCandidates) weighLoads() {
+	n := min(len(c.pool), len(c.scale))
+	var caps [64]float64
+	var sum float64
+	known := 0
+	for i := range n {
+		if ep := c.endpoint(i); ep != nil {
+			if rep := ep.fresh(c.now); rep != nil && rep.MaxRunning > 0 {
+				caps[i] = float64(rep.MaxRunning)
+				sum += caps[i]
+				known++
+			}
+		}
+	}
+	if known == 0 {
+		return
+	}
+	mean := sum / float64(known)
+	for i := range n {
+		if caps[i] > 0 {
+			c.scale[i] = mean / caps[i]
+		}
+	}
 }
 
 func (c *affinityCandidates) Len() int { return len(c.pool) }
@@ -132,7 +163,13 @@ func (c *affinityCandidates) Worker(i int) affinity.Worker {
 	return w
 }
 
-func (c *affinityCandidates) Load(i int) float64 { return float64(c.pool[i].NumRequests()) }
+func (c *affinityCandidates) Load(i int) float64 {
+	load := float64(c.pool[i].NumRequests())
+	if i < len(c.scale) && c.scale[i] > 0 {
+		load *= c.scale[i]
+	}
+	return load
+}
 
 func (c *affinityCandidates) Cost(i int, cached int64) (float64, bool) {
 	u := c.pool[i]
