@@ -2,13 +2,13 @@ package affinity
 
 import "github.com/cespare/xxhash/v2"
 
-// A key is the chained hashes of a prompt's leading blocks: Blocks[i] hashes everything from the
-// prompt's start to the end of block i, so two prompts share their first n hashes exactly when they
-// share their first n blocks. A block is BlockTokens tokens of the simulator's measure: BlockBytes bytes
-// of prompt text, or BlockTokens token ids. Only whole blocks are keyed. xxhash with fixed seeds: every
-// process computes the same key, so independent replicas agree. A block is four of the simulator's
-// cache blocks: hashing costs per block, and a credit for cached tokens that is up to 63 tokens short is
-// as good for pricing.
+// A key is the chained hashes of a prompt's leading blocks: Blocks[i] = mix(Blocks[i-1], xxhash of block
+// i), starting from a seed for the kind of key, so two prompts share their first n hashes exactly when
+// they share their first n blocks (but for 64-bit collisions). A block is BlockTokens tokens of the
+// simulator's measure: BlockBytes bytes of prompt text, or BlockTokens token ids. Only whole blocks are
+// keyed. xxhash and the seeds are fixed: every process computes the same key, so independent replicas
+// agree. A block is four of the simulator's cache blocks: hashing costs per block, and a credit for
+// cached tokens up to 63 tokens short prices as well.
 const (
 	BlockTokens = 64
 	BlockBytes  = BlockTokens * bytesPerToken
@@ -32,39 +32,57 @@ func HeaderKey(value string, dst []uint64) []uint64 {
 	if value == "" {
 		return dst
 	}
-	var d xxhash.Digest
-	d.ResetWithSeed(seedHeader)
-	d.WriteString(value)
-	return append(dst, d.Sum64())
+	return append(dst, mix(seedHeader, xxhash.Sum64String(value)))
+}
+
+// mix combines two hashes into one, well spread (MurmurHash3's finalizer of their exclusive or): it
+// chains block hashes and weighs workers in the rendezvous order.
+func mix(a, b uint64) uint64 {
+	h := a ^ b
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return h
 }
 
 // keyWriter cuts a byte stream into blocks and appends each whole block's chained hash, up to the
-// capacity of blocks.
+// capacity of blocks. A block that lies whole in one write is hashed where it is; one that spans writes
+// is gathered in buf.
 type keyWriter struct {
-	d      xxhash.Digest
+	prev   uint64
 	fill   int
+	buf    [BlockBytes]byte
 	blocks []uint64
 }
 
 func (k *keyWriter) reset(seed uint64, blocks []uint64) {
-	k.d.ResetWithSeed(seed)
-	k.fill = 0
-	k.blocks = blocks[:0]
+	k.prev, k.fill, k.blocks = seed, 0, blocks[:0]
 }
 
 func (k *keyWriter) full() bool { return len(k.blocks) == cap(k.blocks) }
 
 func (k *keyWriter) write(p []byte) {
 	for len(p) > 0 && !k.full() {
-		take := min(len(p), BlockBytes-k.fill)
-		k.d.Write(p[:take])
-		k.fill += take
-		p = p[take:]
+		if k.fill == 0 && len(p) >= BlockBytes {
+			k.block(p[:BlockBytes])
+			p = p[BlockBytes:]
+			continue
+		}
+		n := copy(k.buf[k.fill:], p)
+		k.fill += n
+		p = p[n:]
 		if k.fill == BlockBytes {
-			k.blocks = append(k.blocks, k.d.Sum64())
+			k.block(k.buf[:])
 			k.fill = 0
 		}
 	}
+}
+
+func (k *keyWriter) block(b []byte) {
+	k.prev = mix(k.prev, xxhash.Sum64(b))
+	k.blocks = append(k.blocks, k.prev)
 }
 
 func (k *keyWriter) writeByte(c byte) {

@@ -11,13 +11,13 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// refKey is the key by its definition: block i hashes the stream's first i+1 blocks whole.
+// refKey is the key by its definition: each whole block's xxhash chained onto the hash before it.
 func refKey(seed uint64, stream []byte, maxBlocks int) []uint64 {
 	out := []uint64{}
+	h := seed
 	for i := 1; i*BlockBytes <= len(stream) && len(out) < maxBlocks; i++ {
-		d := xxhash.NewWithSeed(seed)
-		d.Write(stream[:i*BlockBytes])
-		out = append(out, d.Sum64())
+		h = mix(h, xxhash.Sum64(stream[(i-1)*BlockBytes:i*BlockBytes]))
+		out = append(out, h)
 	}
 	return out
 }

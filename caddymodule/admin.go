@@ -135,6 +135,9 @@ type workerView struct {
 
 	Inflight int64      `json:"inflight"` // the proxy's requests in flight to the upstream now
 	Score    *scoreView `json:"score"`    // null when the policy has no usable load for it
+	// AffinityBlocks is how many prompt blocks the affinity indexes remember sending to this worker
+	// (64 tokens each); absent when no policy with affinity knows the worker.
+	AffinityBlocks *int64 `json:"affinity_blocks,omitempty"`
 }
 
 type reportView struct {
@@ -163,11 +166,21 @@ type rankView struct {
 
 // scoreView is what the policy would compare for this worker now.
 type scoreView struct {
-	Signal              string             `json:"signal"` // the most precise signal the report offers
-	Value               float64            `json:"value"`  // its value corrected by the requests started since the report
+	Signal string `json:"signal"` // the most precise signal the report offers
+	// Value is the signal as Select compares it: corrected by the requests started since the report,
+	// and counting the request being placed.
+	Value               float64            `json:"value"`
 	RequestsSinceReport int64              `json:"requests_since_report"`
-	Signals             map[string]float64 `json:"signals"` // every offered signal, corrected likewise
+	Signals             map[string]float64 `json:"signals"` // every offered signal, as Value
+	// CostSeconds is the cost metric's price, now, of a reference request (ReferenceRequest) with the
+	// default stand-in speeds; absent when the report lacks request counts.
+	CostSeconds *float64 `json:"cost_seconds,omitempty"`
+	// PrefillTokensPerSec is the prefill speed measured from the worker's counters; absent when not measured.
+	PrefillTokensPerSec *float64 `json:"prefill_tokens_per_sec,omitempty"`
 }
+
+// referenceRequest is the request the admin view prices: 512 prompt tokens, 256 output tokens.
+var referenceRequest = loadpolicy.Request{PromptTokens: 512, OutputTokens: defaultMaxTokens}
 
 // workers returns the view of every endpoint, ordered by endpoint key.
 func (a *App) workers(now time.Time) []workerView {
@@ -204,6 +217,9 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 	if h := ep.host.Load(); h != nil {
 		v.Inflight = int64(h.NumRequests())
 	}
+	if n, ok := ep.affinityBlocks(); ok {
+		v.AffinityBlocks = &n
+	}
 	if snap == nil {
 		return v
 	}
@@ -222,12 +238,19 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 	}
 	if c := ep.candidate(now, v.Inflight); c.Signals != nil {
 		if sig, ok := c.Signals.Set.First(); ok {
-			v.Score = &scoreView{Signal: sig.String(), Value: c.Signals.Score(sig, c.Extra), RequestsSinceReport: c.Extra,
+			v.Score = &scoreView{Signal: sig.String(), Value: c.Signals.Score(sig, c.Extra+1), RequestsSinceReport: c.Extra,
 				Signals: make(map[string]float64)}
 			for s := loadpolicy.Signal(0); s <= loadpolicy.Running; s++ {
 				if c.Signals.Set.Has(s) {
-					v.Score.Signals[s.String()] = c.Signals.Score(s, c.Extra)
+					v.Score.Signals[s.String()] = c.Signals.Score(s, c.Extra+1)
 				}
+			}
+			params := defaultCostParams()
+			if pc := ep.priced(now, v.Inflight, referenceRequest, 0, &params, false); pc.Priced {
+				v.Score.CostSeconds = &pc.Cost
+			}
+			if speed, ok := ep.fresh(now).PrefillTokensPerSec(); ok {
+				v.Score.PrefillTokensPerSec = &speed
 			}
 		}
 	}

@@ -50,9 +50,10 @@ type worker struct {
 	PollsFailed     uint64     `json:"polls_failed"`
 	Inflight        int64      `json:"inflight"`
 	Score           *struct {
-		Signal  string             `json:"signal"`
-		Value   float64            `json:"value"`
-		Signals map[string]float64 `json:"signals"`
+		Signal      string             `json:"signal"`
+		Value       float64            `json:"value"`
+		Signals     map[string]float64 `json:"signals"`
+		CostSeconds *float64           `json:"cost_seconds"`
 	} `json:"score"`
 }
 
@@ -135,9 +136,9 @@ func TestAdminListsEveryWorker(t *testing.T) {
 		w                 *testWorker
 		usage             float64
 		running, waiting  int64
-		queuedTokensScore float64 // waiting*500 queued tokens / 1000 tokens/s
+		queuedTokensScore float64 // (waiting+1)*500 queued tokens / 1000 tokens/s: Select counts the request being placed
 	}{
-		{busy, 0.9, 90, 20, 10}, {mid, 0.5, 50, 5, 2.5}, {idle, 0.1, 10, 0, 0},
+		{busy, 0.9, 90, 20, 10.5}, {mid, 0.5, 50, 5, 3}, {idle, 0.1, 10, 0, 0},
 	} {
 		v := view[tc.w.addr()]
 		if v.Endpoint != "http://"+tc.w.addr() || v.LoadAddress != tc.w.addr() || v.Transport != "http" ||
@@ -163,9 +164,13 @@ func TestAdminListsEveryWorker(t *testing.T) {
 		if v.PollsFailed != 0 || v.LastError != "" || v.Inflight != 0 {
 			t.Errorf("%s: polls failed %d, last error %q, in flight %d", tc.w.name, v.PollsFailed, v.LastError, v.Inflight)
 		}
+		// Each running request holds 1% of the pool; the request being placed is counted.
 		if v.Score == nil || v.Score.Signal != "queued_tokens" || !near(v.Score.Value, tc.queuedTokensScore) ||
-			!near(v.Score.Signals["token_usage"], tc.usage) || !near(v.Score.Signals["waiting"], float64(tc.waiting)) {
+			!near(v.Score.Signals["token_usage"], tc.usage+0.01) || !near(v.Score.Signals["waiting"], float64(tc.waiting+1)) {
 			t.Errorf("%s: score %+v, want queued_tokens %v", tc.w.name, v.Score, tc.queuedTokensScore)
+		}
+		if v.Score != nil && (v.Score.CostSeconds == nil || !(*v.Score.CostSeconds > 0)) {
+			t.Errorf("%s: cost_seconds %v, want a price > 0", tc.w.name, ptr(v.Score.CostSeconds))
 		}
 	}
 

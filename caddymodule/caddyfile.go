@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"github.com/dustin/go-humanize"
 	"math"
 	"strconv"
 
@@ -76,6 +77,10 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //		interval       <duration>
 //		metric         cost|auto|queued_tokens|token_latency|token_usage|used_tokens|waiting|running
 //		choose         auto|power_of_two|least|window
+//		affinity               prefix|header <name>
+//		affinity_balance       <factor>
+//		affinity_index_size    <size>
+//		read_body              <size>|off
 //		default_max_tokens     <tokens>
 //		prefill_tokens_per_sec <tokens/s>
 //		decode_tokens_per_sec  <tokens/s>
@@ -149,6 +154,54 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			p.Choose = v
+		case "affinity":
+			if !d.NextArg() {
+				return d.Err("affinity: missing mode: want prefix or header <name>")
+			}
+			p.Affinity = d.Val()
+			if p.Affinity == affinityHeader {
+				if !d.NextArg() {
+					return d.Err("affinity: header needs a header name")
+				}
+				p.AffinityHeader = d.Val()
+			}
+			if d.NextArg() {
+				return d.Errf("affinity: too many values")
+			}
+		case "affinity_balance":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(f >= 1) || math.IsInf(f, 0) {
+				return d.Errf("affinity_balance: want a number >= 1, got %q", v)
+			}
+			p.AffinityBalance = f
+		case "affinity_index_size":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			size, err := humanize.ParseBytes(v)
+			if err != nil || size == 0 || size > 1<<34 {
+				return d.Errf("affinity_index_size: want a size from 1B to 16GiB, got %q", v)
+			}
+			p.AffinityIndexSize = int(size)
+		case "read_body":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			if v == "off" {
+				p.ReadBody = -1
+				break
+			}
+			size, err := humanize.ParseBytes(v)
+			if err != nil || size == 0 || size > 1<<30 {
+				return d.Errf("read_body: want a size from 1B to 1GiB, or off, got %q", v)
+			}
+			p.ReadBody = int(size)
 		case "default_max_tokens":
 			n, err := parseInt(d, 1, math.MaxInt32)
 			if err != nil {

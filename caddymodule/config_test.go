@@ -15,15 +15,19 @@ import (
 )
 
 func TestCaddyfileAdaptsToGoldenJSON(t *testing.T) {
-	caddyfile, err := os.ReadFile("testdata/full.caddyfile")
-	if err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"full", "cost"} {
+		t.Run(name, func(t *testing.T) {
+			caddyfile, err := os.ReadFile("testdata/" + name + ".caddyfile")
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden, err := os.ReadFile("testdata/" + name + ".golden.json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			caddytest.AssertAdapt(t, string(caddyfile), "caddyfile", strings.TrimSuffix(string(golden), "\n"))
+		})
 	}
-	golden, err := os.ReadFile("testdata/full.golden.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	caddytest.AssertAdapt(t, string(caddyfile), "caddyfile", strings.TrimSuffix(string(golden), "\n"))
 }
 
 // The JSON a user writes by hand, with readable durations, configures exactly what the Caddyfile does.
@@ -110,6 +114,17 @@ func TestInvalidCaddyfileValues(t *testing.T) {
 		{policy: "load_tls maybe", want: `load_tls: want on or off, got "maybe"`},
 		{policy: "fallback nosuchpolicy", want: "nosuchpolicy"},
 		{policy: "bogus 1", want: "unrecognized subdirective bogus"},
+		{policy: "default_max_tokens 0", want: `default_max_tokens: want an integer from 1 to 2147483647, got "0"`},
+		{policy: "prefill_tokens_per_sec -3", want: `prefill_tokens_per_sec: want a number > 0, got "-3"`},
+		{policy: "decode_tokens_per_sec fast", want: `decode_tokens_per_sec: want a number > 0, got "fast"`},
+		{policy: "decode_batch_halving 0.5", want: "decode_batch_halving: must be a finite number >= 1, got 0.5"},
+		{policy: "read_body lots", want: `read_body: want a size from 1B to 1GiB, or off, got "lots"`},
+		{policy: "affinity", want: "affinity: missing mode"},
+		{policy: "affinity suffix", want: `affinity: unknown mode "suffix": want prefix or header`},
+		{policy: "affinity header", want: "affinity: header needs a header name"},
+		{policy: "affinity prefix\n\t\t\tmetric token_usage", want: `metric: affinity prices requests with the cost metric, got "token_usage"`},
+		{policy: "affinity_balance 0.9", want: `affinity_balance: want a number >= 1, got "0.9"`},
+		{policy: "affinity_index_size 0", want: `affinity_index_size: want a size from 1B to 16GiB, got "0"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
@@ -140,6 +155,12 @@ func TestInvalidJSONValues(t *testing.T) {
 		{policy: `"interval": "-2s"`, want: "interval: must be > 0, got -2s"},
 		{policy: `"metric": "tokens"`, want: `metric: unknown metric "tokens"`},
 		{policy: `"choose": "p2c"`, want: `choose: unknown choice "p2c"`},
+		{policy: `"default_max_tokens": -1`, want: "default_max_tokens: must be > 0, got -1"},
+		{policy: `"read_body": -2`, want: "read_body: want a size in bytes, or -1 for never, got -2"},
+		{policy: `"decode_batch_halving": 0.5`, want: "decode_batch_halving: must be a finite number >= 1, got 0.5"},
+		{policy: `"affinity": "suffix"`, want: `affinity: unknown mode "suffix"`},
+		{policy: `"affinity": "header"`, want: "affinity: header needs a header name"},
+		{policy: `"affinity": "prefix", "affinity_balance": 0.5`, want: "affinity_balance: must be a finite number >= 1, got 0.5"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {

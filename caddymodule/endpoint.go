@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
+	"github.com/caddy-sglang/caddy-sglang/affinity"
 	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
 	"github.com/caddy-sglang/caddy-sglang/monitor"
 )
@@ -77,36 +79,67 @@ type endpoint struct {
 
 	// sent totals the requests the cost model placed here and their sizes; each report is stamped
 	// with them, so the requests sent since are the difference.
-	sentRequests, sentPrompt, sentOutput atomic.Int64
+	sentRequests, sentPrompt, sentOutput, sentWeighted, sentUncached atomic.Int64
+
+	// affinity lists the affinity indexes that know this endpoint's upstream, for the admin view.
+	affinityMu sync.Mutex
+	affinity   []indexedWorker
+}
+
+type indexedWorker struct {
+	index  *affinity.Index
+	worker affinity.Worker
+}
+
+// indexed notes that an affinity index knows the upstream as w.
+func (ep *endpoint) indexed(x *affinity.Index, w affinity.Worker) {
+	ep.affinityMu.Lock()
+	defer ep.affinityMu.Unlock()
+	ep.affinity = append(ep.affinity, indexedWorker{x, w})
+}
+
+// affinityBlocks is how many prompt blocks the affinity indexes hold for this upstream, and whether any
+// index knows it.
+func (ep *endpoint) affinityBlocks() (int64, bool) {
+	ep.affinityMu.Lock()
+	defer ep.affinityMu.Unlock()
+	var n int64
+	for _, iw := range ep.affinity {
+		n += iw.index.Blocks(iw.worker)
+	}
+	return n, len(ep.affinity) > 0
 }
 
 func (ep *endpoint) sentTotals() loadpolicy.SentTotals {
-	return loadpolicy.SentTotals{Requests: ep.sentRequests.Load(), PromptTokens: ep.sentPrompt.Load(), OutputTokens: ep.sentOutput.Load()}
+	return loadpolicy.SentTotals{Requests: ep.sentRequests.Load(), PromptTokens: ep.sentPrompt.Load(),
+		OutputTokens: ep.sentOutput.Load(), Weighted: ep.sentWeighted.Load(), Uncached: ep.sentUncached.Load()}
 }
 
-// placed counts a request the cost model sent here.
-func (ep *endpoint) placed(req loadpolicy.Request) {
-	ep.sentRequests.Add(1)
-	ep.sentPrompt.Add(req.PromptTokens)
-	ep.sentOutput.Add(req.OutputTokens)
+// placed counts a request the cost model sent here, cached of whose prompt tokens it holds.
+func (ep *endpoint) placed(req loadpolicy.Request, cached int64) {
+	var d loadpolicy.SentTotals
+	d.Add(req, cached)
+	ep.sentRequests.Add(d.Requests)
+	ep.sentPrompt.Add(d.PromptTokens)
+	ep.sentOutput.Add(d.OutputTokens)
+	ep.sentWeighted.Add(d.Weighted)
+	ep.sentUncached.Add(d.Uncached)
 }
 
-// priced is candidate with the cost model's price of req.
-func (ep *endpoint) priced(now time.Time, inflight int64, req loadpolicy.Request, params *loadpolicy.CostParams) loadpolicy.Candidate {
+// priced is candidate with the cost model's price of req, cached of whose prompt tokens the worker
+// holds; reportOnly prices it on the report as it came, without what happened since (inflight_correction off).
+func (ep *endpoint) priced(now time.Time, inflight int64, req loadpolicy.Request, cached int64, params *loadpolicy.CostParams, reportOnly bool) loadpolicy.Candidate {
 	c := loadpolicy.Candidate{Inflight: inflight}
 	rep := ep.fresh(now)
 	if rep == nil || !rep.Priced() {
 		return c
 	}
-	sent := ep.sentTotals().Sub(rep.Sent)
-	if sent.Requests < 0 {
-		sent = loadpolicy.SentTotals{} // a report stamped by the previous config's endpoint
+	var since loadpolicy.Since
+	if !reportOnly {
+		since = ep.sentTotals().Since(rep.Sent, now.Sub(rep.Received), inflight-rep.Inflight)
 	}
 	c.Priced = true
-	c.Cost = rep.Cost(req, 0, loadpolicy.Since{
-		Elapsed: now.Sub(rep.Received), Extra: inflight - rep.Inflight,
-		Sent: sent.Requests, SentPrompt: sent.PromptTokens, SentOutput: sent.OutputTokens,
-	}, params)
+	c.Cost = rep.Cost(req, cached, since, params)
 	return c
 }
 

@@ -25,6 +25,7 @@ func ProvisionWithReports(p *Policy, pool reverseproxy.UpstreamPool, report func
 	if err := p.parseOptions(); err != nil {
 		return err
 	}
+	p.makeAffinityIndex()
 	p.fallback = reverseproxy.LeastConnSelection{}
 	m := monitor.New(monitor.Options{})
 	defer m.Close()

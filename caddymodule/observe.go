@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc/codes"
 
+	"github.com/caddy-sglang/caddy-sglang/affinity"
 	"github.com/caddy-sglang/caddy-sglang/grpcload"
 	"github.com/caddy-sglang/caddy-sglang/httpload"
 	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
@@ -69,8 +70,10 @@ var metrics = struct {
 	polls        *prometheus.CounterVec
 	pollDuration *prometheus.HistogramVec
 	selections   *prometheus.CounterVec
+	affinity     *prometheus.CounterVec
 	// Pre-resolved children, so Select counts without a map lookup or an allocation.
 	selectedByLoad, selectedByFallback, selectedNone prometheus.Counter
+	affinityOutcomes                                 [3]prometheus.Counter // by affinity.Outcome
 }{}
 
 const metricsNamespace, metricsSubsystem = "caddy", "sglang_load"
@@ -92,6 +95,13 @@ func init() {
 	metrics.selectedByLoad = metrics.selections.WithLabelValues("load")
 	metrics.selectedByFallback = metrics.selections.WithLabelValues("fallback")
 	metrics.selectedNone = metrics.selections.WithLabelValues("none")
+	metrics.affinity = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "affinity_decisions_total",
+		Help: "Selections with affinity on, by outcome: followed (sent where the key is cached), yielded (the key was cached elsewhere but load chose), no_key (the request had no key).",
+	}, []string{"outcome"})
+	for _, o := range []affinity.Outcome{affinity.NoKey, affinity.Followed, affinity.Yielded} {
+		metrics.affinityOutcomes[o] = metrics.affinity.WithLabelValues(o.String())
+	}
 }
 
 // registerMetrics adds the shared metrics and the app's gauges to the config's registry.
@@ -99,7 +109,7 @@ func (a *App) registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.polls, metrics.pollDuration, metrics.selections, gauges{a}} {
+	for _, c := range []prometheus.Collector{metrics.polls, metrics.pollDuration, metrics.selections, metrics.affinity, gauges{a}} {
 		if err := reg.Register(c); err != nil {
 			if already := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &already) {
 				return err

@@ -18,6 +18,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
+	"github.com/caddy-sglang/caddy-sglang/affinity"
 	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
 )
 
@@ -75,12 +76,37 @@ type Policy struct {
 	// for a worker not yet seen decoding (gen_throughput with running requests). Default: 50.
 	DecodeTokensPerSec float64 `json:"decode_tokens_per_sec,omitempty"`
 
+	// Route requests that share a prompt prefix (prefix: chat messages, a completion's prompt, /generate
+	// text or input_ids) or a session (header: the value of AffinityHeader) to the worker that has
+	// their tokens cached, while its price with those tokens taken off its prefill is the lowest, and
+	// while it carries at most affinity_balance times the mean load. Implies the cost metric.
+	// Default: off.
+	Affinity string `json:"affinity,omitempty"`
+
+	// The request header that names the session, with affinity header.
+	AffinityHeader string `json:"affinity_header,omitempty"`
+
+	// How far above the fleet's mean in-flight count affinity may take a worker (as HAProxy's
+	// hash-balance-factor). Default: 1.25.
+	AffinityBalance float64 `json:"affinity_balance,omitempty"`
+
+	// Memory cap of the index of which worker recently received which prompt blocks, in bytes.
+	// Default: 16 MiB.
+	AffinityIndexSize int `json:"affinity_index_size,omitempty"`
+
+	// How much of a request's body the cost metric reads to size the request (its max_tokens and
+	// prompt), in bytes: the head of the body, put back so the upstream receives the same bytes. Only
+	// JSON bodies of /v1/chat/completions, /v1/completions and /generate without a Content-Encoding are
+	// read. -1: never read; the prompt is then estimated from Content-Length and the output is
+	// default_max_tokens. Default: 65536.
+	ReadBody int `json:"read_body,omitempty"`
+
 	// How many more requests in a decoding batch halve each one's decode speed, for the cost metric:
 	// it carries a worker's measured speed at one batch size to another. Default: 32.
 	DecodeBatchHalving float64 `json:"decode_batch_halving,omitempty"`
 
-	// Whether to count the proxy's own requests started since a worker's last report as load on it.
-	// Off compares workers on their reports alone, so between two polls every request goes to the
+	// Whether to count the proxy's own requests started since a worker's last report as load on it
+	// (with the cost metric: to project the report to now). Off compares workers on their reports alone, so between two polls every request goes to the
 	// worker that looked least loaded; it is there for benchmarks and diagnosis. Default: true (on).
 	InflightCorrection *bool `json:"inflight_correction,omitempty"`
 
@@ -92,10 +118,13 @@ type Policy struct {
 	choice   loadpolicy.Choice
 	noExtra  bool // inflight_correction off
 	costs    loadpolicy.CostParams
-	meanOut  atomic.Uint64 // float64 bits: mean output tokens of recent requests, for the cost model
-	spec     endpointSpec  // template for this group's endpoints; address set per upstream
-	app      *App
-	logger   *zap.Logger
+	// affinityIndex is nil with affinity off; workers are its workers by upstream dial address.
+	affinityIndex *affinity.Index
+	workers       atomic.Pointer[map[string]affinity.Worker]
+	meanOut       atomic.Uint64 // float64 bits: mean output tokens of recent requests, for the cost model
+	spec          endpointSpec  // template for this group's endpoints; address set per upstream
+	app           *App
+	logger        *zap.Logger
 
 	mu        sync.Mutex                           // serialises registration
 	endpoints atomic.Pointer[map[string]*endpoint] // by upstream dial address; copy on write
@@ -118,6 +147,7 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	if err := p.parseOptions(); err != nil {
 		return err
 	}
+	p.makeAffinityIndex()
 	if p.FallbackRaw == nil {
 		p.FallbackRaw = caddyconfig.JSONModuleObject(reverseproxy.LeastConnSelection{}, "policy", "least_conn", nil)
 	}
@@ -195,16 +225,55 @@ func (p *Policy) parseOptions() error {
 		return fmt.Errorf("prefill_tokens_per_sec: must be a finite number > 0, got %v", p.PrefillTokensPerSec)
 	case p.DecodeTokensPerSec < 0 || math.IsNaN(p.DecodeTokensPerSec) || math.IsInf(p.DecodeTokensPerSec, 0):
 		return fmt.Errorf("decode_tokens_per_sec: must be a finite number > 0, got %v", p.DecodeTokensPerSec)
+	case p.ReadBody < -1:
+		return fmt.Errorf("read_body: want a size in bytes, or -1 for never, got %d", p.ReadBody)
 	case p.DecodeBatchHalving != 0 && !(p.DecodeBatchHalving >= 1) || math.IsInf(p.DecodeBatchHalving, 0):
 		return fmt.Errorf("decode_batch_halving: must be a finite number >= 1, got %v", p.DecodeBatchHalving)
 	}
+	d := defaultCostParams()
 	p.costs = loadpolicy.CostParams{
-		PrefillTokensPerSec: cmp.Or(p.PrefillTokensPerSec, defaultPrefillTokensPerSec),
-		DecodeTokensPerSec:  cmp.Or(p.DecodeTokensPerSec, defaultDecodeTokensPerSec),
-		DecodeBatchHalving:  cmp.Or(p.DecodeBatchHalving, defaultDecodeBatchHalving),
+		PrefillTokensPerSec: cmp.Or(p.PrefillTokensPerSec, d.PrefillTokensPerSec),
+		DecodeTokensPerSec:  cmp.Or(p.DecodeTokensPerSec, d.DecodeTokensPerSec),
+		DecodeBatchHalving:  cmp.Or(p.DecodeBatchHalving, d.DecodeBatchHalving),
+		MeanOutputTokens:    float64(p.defaultMaxTokens()),
 	}
 	p.meanOut.Store(math.Float64bits(float64(p.defaultMaxTokens())))
+	return p.parseAffinity()
+}
+
+// parseAffinity checks the affinity options; affinity makes the index and implies the cost metric.
+func (p *Policy) parseAffinity() error {
+	switch p.Affinity {
+	case "":
+		return nil
+	case affinityPrefix:
+	case affinityHeader:
+		if p.AffinityHeader == "" {
+			return fmt.Errorf("affinity: header needs a header name")
+		}
+	default:
+		return fmt.Errorf("affinity: unknown mode %q: want prefix or header", p.Affinity)
+	}
+	switch {
+	case p.Metric != "" && p.Metric != loadpolicy.MetricCost.String():
+		return fmt.Errorf("metric: affinity prices requests with the cost metric, got %q", p.Metric)
+	case p.AffinityBalance != 0 && !(p.AffinityBalance >= 1) || math.IsInf(p.AffinityBalance, 0):
+		return fmt.Errorf("affinity_balance: must be a finite number >= 1, got %v", p.AffinityBalance)
+	case p.AffinityIndexSize < 0:
+		return fmt.Errorf("affinity_index_size: must be > 0, got %d", p.AffinityIndexSize)
+	}
+	p.metric = loadpolicy.MetricCost
 	return nil
+}
+
+// makeAffinityIndex makes the affinity index when affinity is on; at provisioning, not at parsing,
+// since the index takes its memory cap up front.
+func (p *Policy) makeAffinityIndex() {
+	empty := map[string]affinity.Worker{}
+	p.workers.Store(&empty)
+	if p.Affinity != "" {
+		p.affinityIndex = affinity.NewIndex(p.AffinityIndexSize)
+	}
 }
 
 // Defaults of the cost model's stand-ins.
@@ -213,7 +282,14 @@ const (
 	defaultPrefillTokensPerSec = 8000
 	defaultDecodeTokensPerSec  = 50
 	defaultDecodeBatchHalving  = 32
+	defaultReadBody            = 64 << 10
 )
+
+// defaultCostParams are the cost model's stand-ins with every option at its default.
+func defaultCostParams() loadpolicy.CostParams {
+	return loadpolicy.CostParams{PrefillTokensPerSec: defaultPrefillTokensPerSec, DecodeTokensPerSec: defaultDecodeTokensPerSec,
+		DecodeBatchHalving: defaultDecodeBatchHalving, MeanOutputTokens: defaultMaxTokens}
+}
 
 func (p *Policy) defaultMaxTokens() int64 { return cmp.Or(p.DefaultMaxTokens, defaultMaxTokens) }
 
@@ -254,34 +330,28 @@ func (p *Policy) register(dial string) (*endpoint, error) {
 
 // Select picks an available upstream by load; see Policy.
 func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	switch {
+	case p.affinityIndex != nil:
+		return p.selectByAffinity(pool, r, w)
+	case p.metric.Cost():
+		return p.selectByCost(pool, r, w)
+	}
 	eps := *p.endpoints.Load()
 	byIndex := p.index.Load().of(pool)
 	now := clock.Now()
-	cost := p.metric.Cost()
-	var req loadpolicy.Request
-	var params loadpolicy.CostParams
-	if cost {
-		req = p.requestSize(r)
-		params = p.costs
-		params.MeanOutputTokens = math.Float64frombits(p.meanOut.Load())
-	}
-	endpointOf := func(i int) *endpoint {
-		var ep *endpoint
-		if byIndex != nil {
-			ep = byIndex[i]
-		}
-		if ep == nil {
-			ep = eps[pool[i].Dial]
-		}
-		return ep
-	}
 	idx, byLoad := loadpolicy.Choose(p.choice, p.metric, len(pool), func(i int) (loadpolicy.Candidate, bool) {
 		u := pool[i]
 		if !u.Available() {
 			return loadpolicy.Candidate{}, false
 		}
 		inflight := int64(u.NumRequests())
-		ep := endpointOf(i)
+		var ep *endpoint
+		if byIndex != nil {
+			ep = byIndex[i]
+		}
+		if ep == nil {
+			ep = eps[u.Dial]
+		}
 		if ep == nil {
 			ep = p.registerLate(u.Dial)
 			if ep == nil {
@@ -289,9 +359,6 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 			}
 		}
 		ep.noteHost(u.Host)
-		if cost {
-			return ep.priced(now, inflight, req, &params), true
-		}
 		c := ep.candidate(now, inflight)
 		if p.noExtra {
 			c.Extra = 0
@@ -300,14 +367,13 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	}, rand.IntN)
 	if byLoad {
 		metrics.selectedByLoad.Inc()
-		if cost {
-			if ep := endpointOf(idx); ep != nil {
-				ep.placed(req)
-			}
-			p.noteOutput(req.OutputTokens)
-		}
 		return pool[idx]
 	}
+	return p.selectFallback(pool, r, w)
+}
+
+// selectFallback asks the fallback policy, when no available upstream has loads to choose on.
+func (p *Policy) selectFallback(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	u := p.fallback.Select(pool, r, w)
 	if u == nil {
 		metrics.selectedNone.Inc()
@@ -315,12 +381,6 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		metrics.selectedByFallback.Inc()
 	}
 	return u
-}
-
-// requestSize is the size of r as the cost metric prices it: the prompt estimated from the body's
-// length (about 4 bytes a token), the output from the configured default.
-func (p *Policy) requestSize(r *http.Request) loadpolicy.Request {
-	return loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
 }
 
 // bytesPerToken is the prompt's bytes per token where only the body's length is known.

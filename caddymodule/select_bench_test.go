@@ -1,6 +1,7 @@
 package caddymodule_test
 
 import (
+	"bytes"
 	"fmt"
 	"net/http/httptest"
 	"testing"
@@ -50,21 +51,59 @@ func BenchmarkSelect(b *testing.B) {
 			{"random_choose_2", reverseproxy.RandomChoiceSelection{Choose: 2}},
 			{"round_robin", new(reverseproxy.RoundRobinSelection)},
 		}
-		for _, choose := range []string{"power_of_two", "least"} {
-			p := &caddymodule.Policy{Choose: choose}
+		for _, v := range []struct{ metric, choose string }{
+			{"auto", "power_of_two"}, {"auto", "least"}, {"cost", "window"}, {"cost", "power_of_two"},
+		} {
+			p := &caddymodule.Policy{Metric: v.metric, Choose: v.choose}
 			if err := caddymodule.ProvisionWithReports(p, pool, benchReport); err != nil {
 				b.Fatal(err)
+			}
+			name := "sglang_load_" + v.choose
+			if v.metric == "cost" {
+				name = "sglang_load_cost_" + v.choose
 			}
 			selectors = append(selectors, struct {
 				name string
 				sel  reverseproxy.Selector
-			}{"sglang_load_" + choose, p})
+			}{name, p})
 		}
 		for _, s := range selectors {
 			b.Run(fmt.Sprintf("n=%d/%s", n, s.name), func(b *testing.B) {
 				b.ReportAllocs()
 				for b.Loop() {
 					if s.sel.Select(pool, req, nil) == nil {
+						b.Fatal("no upstream selected")
+					}
+				}
+			})
+		}
+	}
+}
+
+// rewindBody is a request body that a benchmark rewinds before each Select, allocation-free.
+type rewindBody struct{ bytes.Reader }
+
+func (*rewindBody) Close() error { return nil }
+
+// BenchmarkSelectReadingBody is Select with a 16 KiB chat body that the policy reads: the cost metric
+// alone (read_body), and with affinity prefix. Allocations include the body's head buffer.
+func BenchmarkSelectReadingBody(b *testing.B) {
+	body := chatBody(16 << 10)
+	for _, n := range []int{4, 64} {
+		pool := benchPool(n)
+		for _, v := range []struct{ name, affinity string }{{"cost", ""}, {"affinity_prefix", "prefix"}} {
+			p := &caddymodule.Policy{Metric: "cost", Affinity: v.affinity}
+			if err := caddymodule.ProvisionWithReports(p, pool, benchReport); err != nil {
+				b.Fatal(err)
+			}
+			b.Run(fmt.Sprintf("n=%d/%s", n, v.name), func(b *testing.B) {
+				rb := new(rewindBody)
+				req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+				b.ReportAllocs()
+				for b.Loop() {
+					rb.Reset(body)
+					req.Body, req.ContentLength = rb, int64(len(body))
+					if p.Select(pool, req, nil) == nil {
 						b.Fatal("no upstream selected")
 					}
 				}

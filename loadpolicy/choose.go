@@ -161,7 +161,44 @@ func cheapest(start, count, n int, at func(int) (Candidate, bool), intn func(int
 	return best, best >= 0
 }
 
+// least takes the best candidate in one pass while the candidates with loads share the first one's
+// signals, as in a fleet of one SGLang version; when one offers fewer, the comparison so far used signals
+// not every candidate has, and leastTwoPass starts again on the common ones.
 func least(metric Metric, n int, at func(int) (Candidate, bool), intn func(int) int) (int, bool) {
+	var common SignalSet
+	best, ties := -1, 0
+	var bestC Candidate
+	for i := range n {
+		c, ok := at(i)
+		if !ok || !metric.Usable(c.Signals) {
+			continue
+		}
+		if best < 0 {
+			if common = metric.Common(metric.AllSignals(), c.Signals); common == 0 {
+				return -1, false
+			}
+			best, bestC, ties = i, c, 1
+			continue
+		}
+		if metric.Common(common, c.Signals) != common {
+			return leastTwoPass(metric, n, at, intn)
+		}
+		switch cmp := Compare(&c, &bestC, common); {
+		case cmp < 0:
+			best, bestC, ties = i, c, 1
+		case cmp == 0:
+			// Reservoir sampling among equals, so ties do not always favour the first upstream.
+			ties++
+			if intn(ties) == 0 {
+				best, bestC = i, c
+			}
+		}
+	}
+	return best, best >= 0
+}
+
+// leastTwoPass finds the signals every candidate with loads shares, then the best on those.
+func leastTwoPass(metric Metric, n int, at func(int) (Candidate, bool), intn func(int) int) (int, bool) {
 	// First pass: the signals that every candidate with loads shares.
 	common, loaded := metric.AllSignals(), 0
 	for i := range n {

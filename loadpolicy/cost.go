@@ -41,34 +41,78 @@ type Since struct {
 	Extra int64
 	// Sent counts the requests the proxy sent to the worker since the report, and their sizes.
 	Sent, SentPrompt, SentOutput int64
+	// SentWeighted is the sum over those requests of output x (prompt + output): their KV tokens
+	// weighted by how long they stay, since the requests still running are mostly the long ones.
+	SentWeighted int64
+	// SentUncached is their prompt tokens that were not cached where they went: prefill work.
+	SentUncached int64
 }
 
 // SentTotals are running totals of the requests sent to a worker; a report is stamped with them when
 // it arrives, so that the requests sent since are the difference.
 type SentTotals struct {
-	Requests, PromptTokens, OutputTokens int64
+	Requests, PromptTokens, OutputTokens, Weighted, Uncached int64
 }
 
 // Sub is the requests sent between o and t.
 func (t SentTotals) Sub(o SentTotals) SentTotals {
-	return SentTotals{t.Requests - o.Requests, t.PromptTokens - o.PromptTokens, t.OutputTokens - o.OutputTokens}
+	return SentTotals{t.Requests - o.Requests, t.PromptTokens - o.PromptTokens, t.OutputTokens - o.OutputTokens,
+		t.Weighted - o.Weighted, t.Uncached - o.Uncached}
+}
+
+// Since is what happened after a report stamped with o, when the totals are t.
+func (t SentTotals) Since(o SentTotals, elapsed time.Duration, extra int64) Since {
+	d := t.Sub(o)
+	if d.Requests < 0 {
+		d = SentTotals{} // o was stamped by totals that started again (another config's)
+	}
+	return Since{Elapsed: elapsed, Extra: extra, Sent: d.Requests, SentPrompt: d.PromptTokens, SentOutput: d.OutputTokens,
+		SentWeighted: d.Weighted, SentUncached: d.Uncached}
+}
+
+// Add counts one more request sent, cached of whose prompt tokens were cached where it went.
+func (t *SentTotals) Add(req Request, cached int64) {
+	t.Requests++
+	t.PromptTokens += req.PromptTokens
+	t.OutputTokens += req.OutputTokens
+	t.Weighted += req.OutputTokens * (req.PromptTokens + req.OutputTokens)
+	t.Uncached += max(req.PromptTokens-max(cached, 0), 0)
 }
 
 // workload is what the cost model reads of a report, derived once when the report is built.
 type workload struct {
-	requests  int64   // running + waiting
-	waiting   int64   // queued requests
-	tokens    int64   // KV tokens held by running requests plus the queued prompt tokens
-	queued    int64   // queued prompt tokens the prefix cache misses
-	capacity  int64   // KV pool tokens, 0 when unknown
-	maxBatch  int64   // running-request cap, 0 when unknown
-	ranks     int64   // data-parallel ranks: a request prefills on one of them
-	decode    float64 // measured decode throughput, tokens/s, at batch decodeAt; 0 when never measured
-	decodeAt  int64
-	prefill   float64 // measured prefill speed of the whole worker, tokens/s; 0 when never measured
-	prefillOK bool    // prefill was measured from the worker's counters (by this report or an earlier one)
-	has       bool    // the report carries the counts the model needs
+	requests int64   // running + waiting
+	waiting  int64   // queued requests
+	tokens   int64   // KV tokens held by running requests plus the queued prompt tokens
+	queued   int64   // queued prompt tokens the prefix cache misses
+	capacity int64   // KV pool tokens, 0 when unknown
+	maxBatch int64   // running-request cap, 0 when unknown
+	ranks    int64   // data-parallel ranks: a request prefills on one of them
+	decode   float64 // measured decode throughput, tokens/s, at batch decodeAt; 0 when never measured
+	decodeAt int64
+	// decodePerRequest is decode / decodeAt, and decodeAtLess1 decodeAt - 1: what Cost reads of them.
+	decodePerRequest, decodeAtLess1 float64
+	// aloneFloor is the least speed of a request alone that the worker's recent reports support (at
+	// referenceHalving): a throughput measured over a window while the batch grew reads low, and a
+	// worker's speed alone is a property of its model and hardware.
+	aloneFloor float64
+	prefill    float64 // measured prefill speed of the whole worker, tokens/s; 0 when never measured
+	prefillOK  bool    // prefill was measured from the worker's counters (by this report or an earlier one)
+	has        bool    // the report carries the counts the model needs
 }
+
+func (w *workload) setDecode(throughput float64, batch int64) {
+	w.decode, w.decodeAt = throughput, batch
+	w.decodePerRequest, w.decodeAtLess1 = throughput/float64(batch), float64(batch-1)
+	w.aloneFloor = w.decodePerRequest * (1 + w.decodeAtLess1/referenceHalving)
+}
+
+// referenceHalving is the batch halving at which reports' decode speeds are compared across polls, and
+// decodeMemory how much of the best recent one a report keeps as a floor.
+const (
+	referenceHalving = 32
+	decodeMemory     = 0.8
+)
 
 // minPrefillBusy is the least prefill time between two polls that measures a speed: below it the
 // counters' rounding dominates.
@@ -99,7 +143,7 @@ func deriveWorkload(r *Report) workload {
 		w.maxBatch = r.MaxRunning
 	}
 	if all&FieldGenThroughput != 0 && r.GenThroughput > 0 && r.Running > 0 {
-		w.decode, w.decodeAt = r.GenThroughput, r.Running
+		w.setDecode(r.GenThroughput, r.Running)
 	}
 	return w
 }
@@ -111,9 +155,10 @@ func (r *Report) Follow(prev *Report) {
 	if prev == nil || !r.work.has {
 		return
 	}
-	if r.work.decode == 0 {
-		r.work.decode, r.work.decodeAt = prev.work.decode, prev.work.decodeAt
+	if r.work.decode == 0 && prev.work.decode > 0 {
+		r.work.setDecode(prev.work.decode, prev.work.decodeAt)
 	}
+	r.work.aloneFloor = max(r.work.aloneFloor, prev.work.aloneFloor*decodeMemory)
 	r.work.prefill, r.work.prefillOK = prev.work.prefill, prev.work.prefillOK
 	if len(prev.Ranks) != len(r.Ranks) {
 		return
@@ -152,7 +197,7 @@ func (r *Report) Cost(req Request, cached int64, since Since, p *CostParams) flo
 	if !w.has {
 		return math.Inf(1)
 	}
-	meanOut := math.Max(p.MeanOutputTokens, 1)
+	meanOut := atLeast(p.MeanOutputTokens, 1)
 	prompt := float64(max(req.PromptTokens, 0))
 	out := float64(max(req.OutputTokens, 1))
 
@@ -161,65 +206,97 @@ func (r *Report) Cost(req Request, cached int64, since Since, p *CostParams) flo
 	sent := max(since.Sent, 0)
 	now := max(w.requests+since.Extra, 0)
 	finished := max(sent-since.Extra, 0)
-	oldLeft := max(w.requests-finished, 0)
+	finishedOld := min(finished, w.requests)
+	oldLeft := w.requests - finishedOld
 	newLeft := min(max(now-oldLeft, 0), sent)
-	// Their KV tokens: a reported request holds its share of what the report counts, plus the output
-	// still to come for the queued ones; a request sent since holds its own prompt and output.
-	var tokens float64
-	if w.requests > 0 {
-		perOld := (float64(w.tokens) + float64(w.waiting)*meanOut) / float64(w.requests)
-		tokens += float64(oldLeft) * perOld
-	}
-	if sent > 0 {
-		tokens += float64(newLeft) * float64(since.SentPrompt+since.SentOutput) / float64(sent)
-	}
 	present := oldLeft + newLeft
+	// Their KV tokens. Every request sent finishes once, so the requests that finish are, on the whole,
+	// of the mean size sent: the reported ones lose that much each. The requests sent since that are
+	// left are mostly the long ones: a request stays in proportion to its output, so their mean size is
+	// the output-weighted mean of the sizes sent (at most what was sent).
+	sentTokens := float64(max(since.SentPrompt+since.SentOutput, 0))
+	oldTokens := float64(w.tokens) + float64(w.waiting)*meanOut
+	var tokens float64
+	switch {
+	case oldLeft == 0:
+	case finishedOld > 0:
+		meanSize := oldTokens / float64(w.requests)
+		if sent > 0 {
+			meanSize = sentTokens / float64(sent)
+		}
+		tokens = atLeast(oldTokens-float64(finishedOld)*meanSize, 0)
+	default:
+		tokens = oldTokens
+	}
+	switch {
+	case newLeft == sent:
+		tokens += sentTokens
+	case newLeft > 0 && since.SentOutput > 0:
+		tokens += min(float64(newLeft)*float64(since.SentWeighted)/float64(since.SentOutput), sentTokens)
+	}
 
 	// The batch this request joins, and the per-request decode speed there: a decode step reads the
 	// weights once for the whole batch and each request's KV, so per-request speed falls slowly with the
 	// batch, halving at DecodeBatchHalving more requests. A measured throughput gives the speed at the
-	// measured batch; the model carries it to the batch this request joins.
+	// measured batch; the model carries it to the batch this request joins. slowdown is the factor by
+	// which a request's speed in that batch is below its speed alone.
 	batch := present + 1
 	if w.maxBatch > 0 {
 		batch = min(batch, w.maxBatch)
 	}
-	halving := math.Max(p.DecodeBatchHalving, 1)
+	invHalving := 1 / atLeast(p.DecodeBatchHalving, 1)
 	alone := p.DecodeTokensPerSec // one request's speed in a batch of its own
 	if w.decode > 0 {
-		alone = w.decode / float64(w.decodeAt) * (1 + float64(w.decodeAt-1)/halving)
+		alone = max(w.decodePerRequest*(1+w.decodeAtLess1*invHalving), w.aloneFloor)
 	}
-	perRequest := math.Max(alone/(1+float64(batch-1)/halving), 1e-3)
-	throughput := perRequest * float64(batch)
+	alone = atLeast(alone, 1e-3)
+	slowdown := 1 + float64(batch-1)*invHalving
+	secondsPerToken := slowdown / alone // per request, in the batch it joins
+	decode := out * secondsPerToken
 
 	// Admission: a full KV pool or batch admits the request only as running ones finish. A finishing
-	// request frees its tokens after meanOut output tokens, so the pool frees tokens at throughput x
-	// (tokens per request / meanOut), and requests at throughput / meanOut.
+	// request frees its tokens after meanOut output tokens; the batch produces batch/secondsPerToken
+	// tokens a second, so it frees a request every meanOut x secondsPerToken / batch seconds.
 	var wait float64
+	finishEvery := meanOut * secondsPerToken / float64(batch)
 	if w.capacity > 0 {
 		if over := tokens + prompt + out - float64(w.capacity); over > 0 {
-			perPresent := (prompt + out)
+			perPresent := prompt + out
 			if present > 0 {
 				perPresent = tokens / float64(present)
 			}
-			wait = over * meanOut / perPresent / throughput
+			wait = over / perPresent * finishEvery
 		}
 	}
 	if w.maxBatch > 0 {
 		if over := present + 1 - w.maxBatch; over > 0 {
-			wait = math.Max(wait, float64(over)*meanOut/throughput)
+			wait = max(wait, float64(over)*finishEvery)
 		}
 	}
 
-	// Prefill: the queued prompts ahead, plus the requests sent since, less what the worker prefilled
-	// since; then this prompt's uncached part on one rank.
+	// Prefill: the queued prompts ahead, plus the uncached prompts of the requests sent since that have
+	// not finished (a finished request was prefilled), less what the worker prefilled since; then this
+	// prompt's uncached part on one rank.
 	speed := p.PrefillTokensPerSec
 	if w.prefillOK {
 		speed = w.prefill
 	}
-	speed = math.Max(speed, 1)
-	ahead := math.Max(float64(w.queued+max(since.SentPrompt, 0))-since.Elapsed.Seconds()*speed, 0)
-	uncached := math.Max(prompt-float64(max(cached, 0)), 0)
-	prefill := ahead/speed + uncached/(speed/float64(max(w.ranks, 1)))
+	invSpeed := 1 / atLeast(speed, 1)
+	var sentAhead float64
+	if sent > 0 {
+		sentAhead = float64(max(since.SentUncached, 0)) * float64(newLeft) / float64(sent)
+	}
+	ahead := atLeast(float64(w.queued)+sentAhead-since.Elapsed.Seconds()/invSpeed, 0)
+	uncached := atLeast(prompt-float64(max(cached, 0)), 0)
+	prefill := (ahead + uncached*float64(max(w.ranks, 1))) * invSpeed
 
-	return wait + prefill + out/perRequest
+	return wait + prefill + decode
+}
+
+// atLeast is max(v, lo) for values that are never NaN, without math.Max's NaN and signed-zero care.
+func atLeast(v, lo float64) float64 {
+	if v < lo {
+		return lo
+	}
+	return v
 }

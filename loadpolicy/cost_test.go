@@ -70,19 +70,30 @@ func TestCost(t *testing.T) {
 			// Two requests sent since (800 prompt, 200 output tokens), none finished, 1 s ago: 6 present,
 			// batch 7; the 800 queued prompt tokens were prefilled in that second: prefill 0.05.
 			name: "sent since, projected", ranks: []Rank{busy}, req: Request{400, 100},
-			since: Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200},
+			since: Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800},
 			want:  100/perRequest(busyAlone, 7) + 0.05,
 		},
 		{
 			// The same two sent but the count fell by 1: 3 finished, the oldest first, so 1 of the 4
 			// reported and both new ones remain: batch 4 at 50 tok/s, decode 2; prefill 0.05.
 			name: "finished since", ranks: []Rank{busy}, req: Request{400, 100},
-			since: Since{Elapsed: time.Second, Extra: -1, Sent: 2, SentPrompt: 800, SentOutput: 200}, want: 2.05,
+			since: Since{Elapsed: time.Second, Extra: -1, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800}, want: 2.05,
+		},
+		{
+			// Sent since: three short requests (100 + 10 tokens) and a long one (2000 + 1000); the count
+			// fell by 2, so 6 finished: none of the 4 reported, 2 of the 4 sent are left. They are most
+			// likely the long one and a short one: the output-weighted mean size is 3003300/1030 tokens,
+			// 2 of them capped at the 3330 sent. Adding 500 is 330 over the pool of 3500; 3330/2 tokens a
+			// request; batch 3; the 2300 prompt tokens were prefilled in the second since.
+			name: "finished since, the long ones left", ranks: []Rank{worker(4, 0, 0, 1000, 3500, 8, 200)},
+			req:   Request{400, 100},
+			since: Since{Elapsed: time.Second, Extra: -2, Sent: 4, SentPrompt: 2300, SentOutput: 1030, SentWeighted: 3003300},
+			want:  330.0/1665*(100/perRequest(busyAlone, 3)/3) + 100/perRequest(busyAlone, 3) + 0.05,
 		},
 		{
 			// Just sent, not yet prefilled: 800 tokens ahead, (800 + 400)/8000 = 0.15; batch 7.
 			name: "sent since, queued", ranks: []Rank{busy}, req: Request{400, 100},
-			since: Since{Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200}, want: 100/perRequest(busyAlone, 7) + 0.15,
+			since: Since{Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800}, want: 100/perRequest(busyAlone, 7) + 0.15,
 		},
 		{
 			// Counters moved 4000 tokens in 1 s of busy prefill: 4000 tok/s. Idle now; decode carried
@@ -91,6 +102,15 @@ func TestCost(t *testing.T) {
 			prev:  []Rank{withCounters(worker(2, 0, 0, 1000, 10000, 8, 100), 1000, 1_000_000)},
 			ranks: []Rank{withCounters(worker(0, 0, 0, 0, 10000, 8, 0), 5000, 2_000_000)},
 			req:   Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.1,
+		},
+		{
+			// The previous report measured 400 tok/s at batch 2 (200 each, 203.125 alone at the reference
+			// halving of 32); this one reads 50 at batch 4 (a window that lagged the batch): the floor
+			// keeps 0.8 x 203.125 = 162.5 alone; batch 5 at halving 16; prefill 0.05.
+			name:  "decode floor from the previous report",
+			prev:  []Rank{worker(2, 0, 0, 1000, 10000, 8, 400)},
+			ranks: []Rank{worker(4, 0, 0, 1000, 10000, 8, 50)},
+			req:   Request{400, 100}, want: 100/perRequest(0.8*200*(1+1.0/32), 5) + 0.05,
 		},
 		{
 			// Two DP ranks: the worker prefills 8000 tok/s, a prompt runs on one rank at 4000: 400/4000 = 0.1.
@@ -200,7 +220,7 @@ func TestChooseWindowIsBounded(t *testing.T) {
 func BenchmarkCost(b *testing.B) {
 	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, MeanOutputTokens: 100}
 	rep := NewReport(time.Unix(0, 0), "", []Rank{worker(4, 2, 1000, 9000, 10000, 8, 200)})
-	since := Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200}
+	since := Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800}
 	var sink float64
 	for b.Loop() {
 		sink += rep.Cost(Request{400, 100}, 0, since, &params)

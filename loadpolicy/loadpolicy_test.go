@@ -248,6 +248,19 @@ func TestChoose(t *testing.T) {
 		{"p2c nothing available", PowerOfTwo, []bool{false, false, false}, loads, nil, -1, false},
 		{"p2c no loads: fall back", PowerOfTwo, []bool{true, true}, []Candidate{{}, {}}, nil, -1, false},
 	}
+	// The first candidate offers token_latency, the second token usage only, the third is the fastest
+	// decoder: least may compare only on usage, which the second wins.
+	usageOnly := Candidate{Signals: NewReport(time.Now(), "", []Rank{{TokenUsage: 0.1, Fields: FieldTokenUsage}}).Signals()}
+	tests = append(tests, struct {
+		name      string
+		choice    Choice
+		avail     []bool
+		cands     []Candidate
+		rnd       []int
+		want      int
+		wantLoads bool
+	}{"least narrows to the signals all share", Least, []bool{true, true, true},
+		[]Candidate{decoding(0.9, 4, 100), usageOnly, decoding(0.5, 1, 1000)}, nil, 1, true})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := &fixedRand{seq: tt.rnd}

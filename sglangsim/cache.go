@@ -4,13 +4,17 @@ import (
 	"encoding/binary"
 	"hash/fnv"
 	"math/bits"
+	"slices"
 )
 
 // The prefix cache keys a prompt by chained hashes of fixed-size blocks. A block is cacheBlockTokens
 // tokens of the simulator's measure: 64 bytes of prompt text, or 16 input_ids. Block i's hash is the
 // 64-bit FNV-1a of the key up to the end of block i, so equal hashes mean equal prefixes and a lookup
-// walks a prompt's blocks in order until the first miss. Only whole blocks are cached, and never the
-// prompt's last token: a request always prefills at least one token, as SGLang does.
+// walks a prompt's blocks in order until the first miss. Only whole blocks are cached. A request's
+// prompt blocks are cached once it has prefilled them, never the prompt's last token (a request always
+// prefills at least one, as SGLang does); when it finishes, the blocks of its answer as a client would
+// resend it are cached too (SGLang's radix cache keeps generated tokens), so the next turn of a
+// conversation finds its history.
 const (
 	cacheBlockTokens = 16
 	bytesPerToken    = 4
@@ -28,16 +32,37 @@ type promptKey struct {
 	kind   byte
 	bytes  []byte // prompt text, or input_ids at 4 bytes each
 	tokens int64  // the key's size in tokens
+	// A client resends an answer as answerOpen + text + answerClose after the prompt (a chat's
+	// assistant message; plain text for completions). Token ids cannot: their answer has no ids.
+	answerOpen, answerClose string
+	resent                  bool
 }
 
-func textKey(b []byte) promptKey { return promptKey{keyText, b, promptTokens(len(b))} }
+func textKey(b []byte) promptKey {
+	return promptKey{kind: keyText, bytes: b, tokens: promptTokens(len(b)), resent: true}
+}
+
+// chatKey is the key of rendered chat messages (see chatRequest.prompt).
+func chatKey(b []byte) promptKey {
+	k := textKey(b)
+	k.answerOpen, k.answerClose = "assistant\x00", "\x00"
+	return k
+}
 
 func idsKey(ids []int64) promptKey {
 	b := make([]byte, 0, len(ids)*bytesPerToken)
 	for _, id := range ids {
 		b = binary.LittleEndian.AppendUint32(b, uint32(id))
 	}
-	return promptKey{keyIDs, b, int64(len(ids))}
+	return promptKey{kind: keyIDs, bytes: b, tokens: int64(len(ids))}
+}
+
+// digest is the hash of the whole key.
+func (k promptKey) digest() uint64 {
+	h := fnv.New64a()
+	h.Write([]byte{k.kind})
+	h.Write(k.bytes)
+	return h.Sum64()
 }
 
 // block is one whole block of a prompt: its chained hash and the prompt tokens it stands for.
@@ -46,40 +71,48 @@ type block struct {
 	tokens int64
 }
 
-// blocks cuts k into cacheable blocks for a request of prompt tokens (which may differ from k.tokens
-// when the body overrides the size). Block i covers key tokens [16i, 16i+16), which stand for prompt
-// tokens [16i·prompt/k.tokens, (16i+16)·prompt/k.tokens): without an override each block is 16 tokens.
-// It also returns the hash of the whole key.
-func (k promptKey) blocks(prompt int64, cache bool) ([]block, uint64) {
+// blocks cuts the key, followed by the answer of output tokens as a client would resend it, into
+// blocks for a request of prompt tokens (which may differ from k.tokens when the body overrides the
+// size). The key's 16-token block i stands for prompt tokens [16i·prompt/k.tokens, (16i+16)·prompt/
+// k.tokens): without an override, 16 tokens. Past the key, 4 bytes are a token, after the prompt's.
+// inPrompt are the blocks that end before the prompt's last token; inAnswer the rest, up to the
+// answer's last token.
+func (k promptKey) blocks(prompt, output int64) (inPrompt, inAnswer []block) {
+	text := k.bytes
+	if k.resent {
+		text = slices.Concat(k.bytes, []byte(k.answerOpen), []byte(filler(0, output)), []byte(k.answerClose))
+	}
 	h := fnv.New64a()
 	h.Write([]byte{k.kind})
-	n := len(k.bytes) / cacheBlockBytes
-	var out []block
-	if cache && n > 0 && k.tokens > 0 {
-		out = make([]block, 0, n)
-	}
 	var start int64
-	for i := range n {
-		h.Write(k.bytes[i*cacheBlockBytes : (i+1)*cacheBlockBytes])
-		if out == nil {
-			continue
-		}
-		hi, lo := bits.Mul64(uint64(i+1)*cacheBlockTokens, uint64(prompt))
-		if hi >= uint64(k.tokens) {
-			break // cannot happen: a block never ends past the key
-		}
-		q, _ := bits.Div64(hi, lo, uint64(k.tokens))
-		end := int64(q)
-		if end > prompt-1 {
+	for i := range len(text) / cacheBlockBytes {
+		h.Write(text[i*cacheBlockBytes : (i+1)*cacheBlockBytes])
+		end := k.tokenAt((i+1)*cacheBlockBytes, prompt)
+		if end > prompt+output-1 {
 			break
 		}
 		if end > start { // a block standing for no token would fill the cache for nothing
-			out = append(out, block{hash: h.Sum64(), tokens: end - start})
+			b := block{hash: h.Sum64(), tokens: end - start}
+			if end <= prompt-1 {
+				inPrompt = append(inPrompt, b)
+			} else {
+				inAnswer = append(inAnswer, b)
+			}
 		}
 		start = end
 	}
-	h.Write(k.bytes[n*cacheBlockBytes:])
-	return out, h.Sum64()
+	return inPrompt, inAnswer
+}
+
+// tokenAt is the request's token count at byte offset n of the key and its answer.
+func (k promptKey) tokenAt(n int, prompt int64) int64 {
+	if n > len(k.bytes) {
+		return prompt + int64(n-len(k.bytes))/bytesPerToken
+	}
+	// n/4 <= k.tokens, so the quotient is at most prompt and cannot overflow.
+	hi, lo := bits.Mul64(uint64(n/bytesPerToken), uint64(prompt))
+	q, _ := bits.Div64(hi, lo, uint64(k.tokens))
+	return int64(q)
 }
 
 // cacheEntry is one cached block. Entries that no running request holds are evictable and sit in the

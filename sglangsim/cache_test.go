@@ -3,13 +3,16 @@ package sglangsim
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 func blockTokens(bs []block) []int64 {
-	out := []int64{}
+	var out []int64
 	for _, b := range bs {
 		out = append(out, b.tokens)
 	}
@@ -20,45 +23,56 @@ func TestPromptBlocks(t *testing.T) {
 	text := func(n int) promptKey { return textKey(bytes.Repeat([]byte("x"), n)) }
 	ids := make([]int64, 40)
 	cases := []struct {
-		name   string
-		key    promptKey
-		prompt int64
-		cache  bool
-		want   []int64
+		name                   string
+		key                    promptKey
+		prompt, output         int64
+		wantPrompt, wantAnswer []int64
 	}{
 		// 200 bytes = 50 tokens: 3 whole 64-byte blocks of 16 tokens, the 50th token uncached.
-		{"text", text(200), 50, true, []int64{16, 16, 16}},
-		// 192 bytes = 48 tokens: the third block would cover the last token, so it is left out.
-		{"last token never cached", text(192), 48, true, []int64{16, 16}},
+		{"text", text(200), 50, 0, []int64{16, 16, 16}, nil},
+		// 192 bytes = 48 tokens: the third block would cover the last token, so it waits for the answer.
+		{"last token never cached", text(192), 48, 0, []int64{16, 16}, nil},
+		{"prompt's last block with the answer", text(192), 48, 1, []int64{16, 16}, []int64{16}},
+		// 100 bytes + a 20-token answer (80 bytes): the second block ends 28 bytes into the answer, at
+		// token 25 + 7; the answer's last token is 44.
+		{"answer", text(100), 25, 20, []int64{16}, []int64{16}},
+		// A chat answer is framed as the assistant message: 126 + 10 + 128 + 1 bytes. The key is 32
+		// tokens for a size of 30: block ends 16·30/32 = 15, then past the key 30 + 2/4, 30 + 66/4,
+		// and 30 + 130/4 = 62 is past the answer's last token, 61.
+		{"chat answer", chatKey(bytes.Repeat([]byte("x"), 126)), 30, 32, []int64{15}, []int64{15, 16}},
 		// prompt_tokens 100 over a 50-token text: each block stands for 32 tokens.
-		{"override scales up", text(200), 100, true, []int64{32, 32, 32}},
+		{"override scales up", text(200), 100, 0, []int64{32, 32, 32}, nil},
 		// prompt_tokens 10: block ends at floor(16i·10/50) = 3, 6, 9.
-		{"override scales down", text(200), 10, true, []int64{3, 3, 3}},
+		{"override scales down", text(200), 10, 0, []int64{3, 3, 3}, nil},
 		// prompt_tokens 1: every block would stand for no token.
-		{"one-token prompt", text(200), 1, true, []int64{}},
-		{"short text", text(63), 16, true, []int64{}},
-		{"input_ids", idsKey(ids), 40, true, []int64{16, 16}},
-		{"cache off", text(200), 50, false, []int64{}},
+		{"one-token prompt", text(200), 1, 0, nil, nil},
+		{"short text", text(63), 16, 0, nil, nil},
+		// Token ids: the answer has no ids to resend, only the prompt's own last block comes later.
+		{"input_ids", idsKey(ids), 40, 100, []int64{16, 16}, nil},
+		{"input_ids, whole", idsKey(ids[:32]), 32, 100, []int64{16}, []int64{16}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			bs, _ := c.key.blocks(c.prompt, c.cache)
-			if got := blockTokens(bs); !equal(got, c.want) {
-				t.Fatalf("block tokens %v, want %v", got, c.want)
+			p, a := c.key.blocks(c.prompt, c.output)
+			if got := blockTokens(p); !equal(got, c.wantPrompt) {
+				t.Errorf("prompt block tokens %v, want %v", got, c.wantPrompt)
+			}
+			if got := blockTokens(a); !equal(got, c.wantAnswer) {
+				t.Errorf("answer block tokens %v, want %v", got, c.wantAnswer)
 			}
 		})
 	}
 
 	// Chained: a shared first block hashes alike, the next ones differ.
-	a, _ := textKey([]byte(strings.Repeat("a", 64)+strings.Repeat("b", 64)+"z")).blocks(33, true)
-	b, _ := textKey([]byte(strings.Repeat("a", 64)+strings.Repeat("c", 64)+"z")).blocks(33, true)
+	a, _ := textKey([]byte(strings.Repeat("a", 64)+strings.Repeat("b", 64)+"z")).blocks(33, 0)
+	b, _ := textKey([]byte(strings.Repeat("a", 64)+strings.Repeat("c", 64)+"z")).blocks(33, 0)
 	if len(a) != 2 || len(b) != 2 || a[0].hash != b[0].hash || a[1].hash == b[1].hash {
 		t.Fatalf("chained hashes: %v %v", a, b)
 	}
 	// Text and token ids of the same bytes are different prompts.
 	raw := bytes.Repeat([]byte{1, 0, 0, 0}, 17)
-	ti, _ := textKey(raw).blocks(17, true)
-	ii, _ := idsKey(make17Ones()).blocks(17, true)
+	ti, _ := textKey(raw).blocks(17, 0)
+	ii, _ := idsKey(make17Ones()).blocks(17, 0)
 	if len(ti) != 1 || len(ii) != 1 || ti[0].hash == ii[0].hash {
 		t.Fatalf("text %v and ids %v", ti, ii)
 	}
@@ -174,6 +188,15 @@ func TestPrefixCacheHits(t *testing.T) {
 			map[string]any{"role": "user", "content": question},
 		}}
 	}
+	user := strings.Repeat("u", 120)
+	turn := func(first, answer string, maxTokens int) map[string]any {
+		msgs := []any{map[string]any{"role": "user", "content": first}}
+		if answer != "" {
+			msgs = append(msgs, map[string]any{"role": "assistant", "content": answer},
+				map[string]any{"role": "user", "content": strings.Repeat("v", 20)})
+		}
+		return map[string]any{"max_tokens": maxTokens, "messages": msgs}
+	}
 	cases := []struct {
 		name       string
 		path       string
@@ -195,6 +218,14 @@ func TestPrefixCacheHits(t *testing.T) {
 		{"completions, one-string list", "/v1/completions", map[string]any{"prompt": []string{long}, "max_tokens": 2}, 96},
 		{"completions, token ids", "/v1/completions", map[string]any{"prompt": make([]int, 20), "max_tokens": 2}, 0},
 		{"generate, same token ids", "/generate", map[string]any{"input_ids": make([]int, 20)}, 16},
+		// A conversation's second turn finds the first turn's prompt and answer. Turn 1 cached blocks
+		// ending at bytes 64, 128, 192 of "user\x00" + 120 bytes + "\x00assistant\x00" + answer.
+		// Turn 2 is 268 text bytes = 67 tokens over a 291-byte = 73-token key: 48·67/73 = 44.
+		{"chat, turn 1", "/v1/chat/completions", turn(user, "", 32), 0},
+		{"chat, turn 2", "/v1/chat/completions", turn(user, filler(0, 32), 2), 44},
+		// /generate with its answer appended: 100 bytes + 20 tokens; 2 blocks, 32 tokens.
+		{"generate, answer", "/generate", map[string]any{"text": strings.Repeat("g", 100), "sampling_params": map[string]any{"max_new_tokens": 20}}, 0},
+		{"generate, prompt + answer", "/generate", map[string]any{"text": strings.Repeat("g", 100) + filler(0, 20)}, 32},
 	}
 	var prompt, cached int64
 	for _, c := range cases {
@@ -380,5 +411,96 @@ func TestStreamingCompletionsAndCachedUsage(t *testing.T) {
 		if resp.StatusCode != http.StatusBadRequest {
 			t.Errorf("%s: status %d, want 400", body, resp.StatusCode)
 		}
+	}
+}
+
+// Under a random mix of shared prefixes, sizes, aborts and eviction, the pool's books balance at every
+// step and a drained worker holds nothing.
+func TestPrefixCacheAccounting(t *testing.T) {
+	w := New(Config{MaxTotalTokens: 3000, PrefillTokensPerSec: 20000, DecodeTokensPerSec: 500, MaxRunningRequests: 8, FinishEarly: 0.3})
+	defer w.Close()
+	w.mu.Lock()
+	w.looping = true // drive the model by hand
+	start := time.Now()
+	w.last = start
+	w.mu.Unlock()
+	rng := rand.New(rand.NewPCG(1, 2))
+	prefixes := []string{strings.Repeat("a", 900), strings.Repeat("b", 2000), strings.Repeat("c", 300)}
+	check := func(at string) {
+		t.Helper()
+		rk := w.ranks[0]
+		var private, pinned, evictable int64
+		for _, r := range rk.running {
+			private += r.private
+		}
+		for _, e := range rk.cache.entries {
+			if e.refs > 0 {
+				pinned += e.tokens
+			} else {
+				evictable += e.tokens
+			}
+		}
+		listed := int64(0)
+		for e := rk.cache.lru.next; rk.cache.entries != nil && e != &rk.cache.lru; e = e.next {
+			listed += e.tokens
+		}
+		if private != rk.private || pinned != rk.cache.pinned || evictable != rk.cache.evictable || listed != evictable ||
+			rk.private < 0 || rk.used()+rk.cache.evictable > 3000 {
+			t.Fatalf("%s: private %d/%d pinned %d/%d evictable %d/%d listed %d", at, private, rk.private, pinned,
+				rk.cache.pinned, evictable, rk.cache.evictable, listed)
+		}
+	}
+	var reqs []*request
+	now := start
+	for i := range 400 {
+		text := prefixes[rng.IntN(len(prefixes))] + strings.Repeat("q", rng.IntN(400))
+		j := w.plan(textKey([]byte(text)), promptTokens(len(text)), int64(1+rng.IntN(200)), -1)
+		r, err := w.submit(j)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqs = append(reqs, r)
+		w.mu.Lock()
+		now = now.Add(time.Duration(rng.IntN(20)) * time.Millisecond)
+		w.step(now)
+		w.mu.Unlock()
+		if rng.IntN(10) == 0 {
+			w.abort(reqs[rng.IntN(len(reqs))])
+		}
+		w.mu.Lock()
+		check(fmt.Sprintf("request %d", i))
+		w.mu.Unlock()
+	}
+	for range 10000 {
+		w.mu.Lock()
+		now = now.Add(50 * time.Millisecond)
+		w.step(now)
+		check("draining")
+		idle := w.idleLocked()
+		w.mu.Unlock()
+		if idle {
+			break
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	rk := w.ranks[0]
+	if !w.idleLocked() || rk.used() != 0 || rk.cache.pinned != 0 || rk.cachedTokens == 0 || rk.cache.evictable == 0 {
+		t.Fatalf("drained: used %d pinned %d cached %d evictable %d", rk.used(), rk.cache.pinned, rk.cachedTokens, rk.cache.evictable)
+	}
+	w.looping = false
+}
+
+// The cost of keying a request: an 8 KiB prompt (2,048 tokens) with a 256-token answer.
+func BenchmarkPlan(b *testing.B) {
+	text := []byte(strings.Repeat("s", 8<<10))
+	for _, off := range []bool{false, true} {
+		w := New(Config{DisablePrefixCache: off, FinishEarly: 0.3})
+		b.Run(fmt.Sprintf("cache_off=%t", off), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				w.plan(chatKey(text), 2048, 256, -1)
+			}
+		})
 	}
 }

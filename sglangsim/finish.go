@@ -5,18 +5,19 @@ import (
 	"math/bits"
 )
 
-// plan turns a parsed request into the model's job: its cacheable blocks and its answer's length.
+// plan turns a parsed request into the model's job: its answer's length and its cacheable blocks.
 func (w *Worker) plan(k promptKey, prompt, maxTokens int64, dpRank int) job {
-	// A prompt over the pool is refused by submit; do not hash it into blocks first.
-	cache := !w.cfg.DisablePrefixCache && prompt <= w.cfg.MaxTotalTokens
-	blocks, digest := k.blocks(prompt, cache)
-	return job{
+	j := job{
 		prompt:    prompt,
 		maxTokens: maxTokens,
-		output:    outputLength(w.cfg.FinishEarly, digest, prompt, maxTokens),
-		blocks:    blocks,
+		output:    outputLength(w.cfg.FinishEarly, k.digest(), prompt, maxTokens),
 		dpRank:    dpRank,
 	}
+	// A request over the pool is refused by submit; do not hash it into blocks first.
+	if !w.cfg.DisablePrefixCache && prompt+maxTokens <= w.cfg.MaxTotalTokens {
+		j.blocks, j.answer = k.blocks(prompt, j.output)
+	}
+	return j
 }
 
 // outputLength is the length of an answer: maxTokens, or with low in (0, 1) a length in

@@ -32,7 +32,9 @@ const (
 	HeaderDPRank    = "X-Sglang-Sim-Dp-Rank"
 )
 
-func promptTokens(textBytes int) int64 { return max(1, (int64(textBytes)+3)/4) }
+func promptTokens(textBytes int) int64 {
+	return max(1, (int64(textBytes)+bytesPerToken-1)/bytesPerToken)
+}
 
 // fillerWords are all four bytes long, so output text re-tokenises to its token count.
 var fillerWords = [...]string{" the", " sim", " kv ", " and", " gpu", " for", " tok", " run"}
@@ -189,7 +191,7 @@ func (r chatRequest) prompt() (key promptKey, textBytes int, err error) {
 		textBytes += len(b) - start
 		b = append(b, 0)
 	}
-	return textKey(b), textBytes, nil
+	return chatKey(b), textBytes, nil
 }
 
 // prompt returns the completion prompt: a string, a list of token ids, or a list of one string.

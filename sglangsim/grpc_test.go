@@ -3,6 +3,7 @@ package sglangsim
 import (
 	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -164,4 +165,33 @@ func TestGRPCFaultsAndAuth(t *testing.T) {
 			t.Errorf("fault cleared: %v", code)
 		}
 	}
+}
+
+// GetLoads reports the prefix cache as /v1/loads does.
+func TestGRPCCacheFields(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxTotalTokens = 1000
+	cfg.MaxRunningRequests = 1
+	cfg.DecodeTokensPerSec = 0.001
+	w, base := startWorker(t, cfg)
+	c := startGRPC(t, w)
+	a := map[string]any{"text": strings.Repeat("a", 260), "sampling_params": map[string]any{"max_new_tokens": 1}}
+	postGenerate(t, base, a) // 65 tokens, none cached
+	postGenerate(t, base, a) // 64 cached: hit rate 64/130
+	slow := goPost(t.Context(), base+"/generate", gen(800, 100))
+	eventually(t, "slow request running", func() bool { return w.Loads()[0].Running == 1 })
+	queued := goPost(t.Context(), base+"/generate", a)
+	eventually(t, "request queued", func() bool { return w.Loads()[0].Waiting == 1 })
+	resp, code := getLoads(t, c, &schedulerpb.GetLoadsRequest{Include: []string{"core"}})
+	if code != codes.OK {
+		t.Fatal(code)
+	}
+	// The slow request's 800 uncached tokens count too: 64 / 930.
+	g, h := resp.GetLoads()[0], loads(t, base)
+	if g.GetNumWaitingUncachedTokens() != 1 || g.GetCacheHitRate() != round(64.0/930, 4) || g.GetCacheHitRate() != h.CacheHitRate {
+		t.Fatalf("gRPC %v, HTTP %+v", g, h)
+	}
+	w.Close()
+	await(t, slow)
+	await(t, queued)
 }

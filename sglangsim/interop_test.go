@@ -65,3 +65,37 @@ func TestFetchersReadSimulator(t *testing.T) {
 	}
 	w.Faults().SetHangLoads(false)
 }
+
+// httpload reads the prefill counters the simulator sends, and their absence when it omits them.
+func TestFetcherReadsPrefillCounters(t *testing.T) {
+	for _, omit := range []bool{false, true} {
+		cfg := fastConfig()
+		cfg.PrefillTokensPerSec = 20000
+		cfg.OmitPrefillCounters = omit
+		w, base := startWorker(t, cfg)
+		r, err := w.submit(sized(2000, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-r.done
+		hf, err := httpload.New(httpload.Config{URL: base})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := hf.Fetch(t.Context())
+		hf.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rk := rep.Ranks[0]
+		if omit {
+			if rk.Has(loadpolicy.FieldPrefillCounters) {
+				t.Fatalf("omitted counters decoded: %+v", rk)
+			}
+			continue
+		}
+		if !rk.Has(loadpolicy.FieldPrefillCounters) || rk.PrefillUncachedTokens != 2000 || rk.PrefillBusyUS != 100_000 {
+			t.Fatalf("counters: %+v", rk)
+		}
+	}
+}

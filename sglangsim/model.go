@@ -17,7 +17,8 @@ import (
 //     retracts requests when it guessed wrong; reserving up front keeps the invariant a router relies
 //     on: requests queue when token_usage is near 1.
 //   - A prefix cache (unless DisablePrefixCache) in the same pool, as SGLang's radix cache: a prompt's
-//     whole 16-token blocks (cache.go) become cached once the request has prefilled them. A request
+//     whole 16-token blocks (cache.go) become cached once the request has prefilled them, and its
+//     answer's blocks (as a client would resend it) once the answer is complete. A request
 //     holds the cached blocks its prompt starts with from admission to its end; its reservation counts
 //     only the uncached rest, so used tokens = private reservations + held blocks, and
 //     used + evictable cached tokens <= MaxTotalTokens always. Blocks nobody holds are evictable and
@@ -75,6 +76,7 @@ type job struct {
 	maxTokens int64   // the client's output cap, which the KV reservation covers
 	output    int64   // output tokens the answer will have: maxTokens, or fewer with FinishEarly
 	blocks    []block // the prompt's cacheable blocks, in order
+	answer    []block // the blocks after them, cached when the answer is complete
 	dpRank    int     // -1: round-robin
 }
 
@@ -315,10 +317,10 @@ func (rk *rank) release(r *request) {
 	r.pins = nil
 }
 
-// cachePrompt caches the blocks a request has just prefilled; they move from its reservation to
-// the blocks it holds, so the pool's use does not grow.
-func (rk *rank) cachePrompt(r *request) {
-	for _, b := range r.blocks[len(r.pins):] {
+// hold caches blocks a request has computed; they move from its reservation to the blocks it holds,
+// so the pool's use does not grow.
+func (rk *rank) hold(r *request, blocks []block) {
+	for _, b := range blocks {
 		r.pins = append(r.pins, rk.cache.insert(b))
 		r.private -= b.tokens
 		rk.private -= b.tokens
@@ -401,7 +403,7 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 			budget -= use
 			prefilled += use
 			if r.prefillLeft <= 0 {
-				rk.cachePrompt(r)
+				rk.hold(r, r.blocks[len(r.pins):])
 				r.state, r.firstToken = stateDecode, now
 				if r.output > 0 {
 					r.gen = 1
@@ -420,6 +422,7 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 			}
 		}
 		if r.state == stateDecode && r.emitted.Load() >= r.output {
+			rk.hold(r, r.answer)
 			rk.release(r)
 			r.state, r.finished = stateDone, now
 			w.served++
@@ -452,7 +455,7 @@ func (w *Worker) admit(rk *rank, now time.Time) {
 		rk.waiting = rk.waiting[1:]
 		rk.waitingPrompt -= r.prompt
 		rk.waitingUncached -= r.waitUncached
-		r.pins = rk.cache.pin(hit, len(r.blocks))
+		r.pins = rk.cache.pin(hit, len(r.blocks)+len(r.answer))
 		r.cached, r.private = cached, private
 		rk.private += private
 		rk.cache.evict(rk.used() + rk.cache.evictable - w.cfg.MaxTotalTokens)

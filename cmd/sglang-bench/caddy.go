@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -88,9 +89,55 @@ func startCaddy(ctx context.Context, binary string, caddyfile func(admin string,
 	return p, nil
 }
 
-// waitFresh waits until the sglang_load admin API shows n workers with a fresh report.
-func (p *caddyProc) waitFresh(ctx context.Context, n int) error {
-	return pollUntil(ctx, 20*time.Second, func() (bool, error) {
+// startAttempts bounds the tries of startCaddyRetrying: a port that freePort found free can be taken by
+// another process before Caddy binds it, more often when many instances start at once.
+const startAttempts = 3
+
+// startCaddyRetrying starts Caddy, keeping the end of its log, trying again on fresh ports when it exits
+// during startup; the error carries the end of the last attempt's log.
+func startCaddyRetrying(ctx context.Context, binary string, caddyfile func(admin string, port int) string) (*caddyProc, error) {
+	var err error
+	for range startAttempts {
+		log := &logTail{max: 2048}
+		var c *caddyProc
+		if c, err = startCaddy(ctx, binary, caddyfile, log); err == nil {
+			return c, nil
+		}
+		err = fmt.Errorf("%w; log: %s", err, log.String())
+		if ctx.Err() != nil {
+			break
+		}
+		fmt.Fprintf(os.Stderr, "sglang-bench: starting caddy again: %v\n", err)
+	}
+	return nil, err
+}
+
+// logTail keeps the last max bytes written to it.
+type logTail struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (l *logTail) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b = append(l.b, p...)
+	if len(l.b) > l.max {
+		l.b = append(l.b[:0], l.b[len(l.b)-l.max:]...)
+	}
+	return len(p), nil
+}
+
+func (l *logTail) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.TrimSpace(string(l.b))
+}
+
+// waitFresh waits until the sglang_load admin API shows n workers with a fresh report, at most timeout.
+func (p *caddyProc) waitFresh(ctx context.Context, n int, timeout time.Duration) error {
+	return pollUntil(ctx, timeout, func() (bool, error) {
 		resp, err := http.Get("http://" + p.admin + "/sglang_load/workers")
 		if err != nil {
 			return false, nil

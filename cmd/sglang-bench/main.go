@@ -1,7 +1,11 @@
 // Command sglang-bench measures the caddy-sglang load balancer through a real Caddy process:
 //
-//	-mode quality   routing quality: a seeded workload through Caddy to simulated workers of unequal
-//	                capacity, once per selection policy; writes a Markdown table and an SVG chart
+//	-mode quality   routing quality: seeded workloads through Caddy to simulated workers of unequal
+//	                capacity, per selection policy, on several seeds and two rates, all policies of a
+//	                seed at once; writes a Markdown table and an SVG chart
+//	-mode replicas  1 against 3 Caddy instances in front of one fleet, at the same total rate
+//	-mode affinity  prefix-sharing workloads: cache hit rate, TTFT and latency per policy, with
+//	                re-implementations of the SGLang gateway's cache_aware and prefix_hash
 //	-mode backend   a fast loopback backend for the proxy-overhead script: small answers, fresh loads
 //	-mode monitor   the load monitor polling 1,000 endpoints at 1s: its CPU, and whether one hung
 //	                endpoint delays the others' reports
@@ -37,14 +41,19 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("sglang-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	mode := fs.String("mode", "quality", "quality, backend, monitor, overhead, port (prints a free loopback port), loadservers (started by monitor)")
+	mode := fs.String("mode", "quality", "quality, replicas, affinity, backend, monitor, overhead, port (prints a free loopback port), loadservers and backends (started by monitor and overhead)")
 	var q qualityOptions
 	fs.StringVar(&q.caddy, "caddy", "bin/caddy", "Caddy binary with the plugin")
 	fs.StringVar(&q.out, "out", "results", "results folder; a subfolder per date is created")
-	fs.Int64Var(&q.seed, "seed", 1, "workload seed")
-	fs.Float64Var(&q.rate, "rate", 24, "mean arrival rate, requests/s (Poisson)")
-	fs.DurationVar(&q.duration, "duration", 15e9, "how long requests arrive, per policy")
-	fs.StringVar(&q.only, "policies", "", "comma list of policy names to run (default: all)")
+	seeds := fs.String("seeds", "1,2,3,4,5", "workload seeds, comma list; every policy runs every seed")
+	rates := fs.String("rates", "", "mean arrival rates, requests/s (Poisson), comma list (default: quality 8,24; replicas 24; affinity 4,8)")
+	fs.IntVar(&q.requests, "requests", 2000, "requests per policy and seed (affinity: at most this many of each workload)")
+	fs.IntVar(&q.parallel, "parallel", 0, "seeds run at once; 0: up to 3, as many as keep the offered load (rate × policies × seeds) near 11 × 24 requests/s (the policies of a seed always run at once)")
+	fs.StringVar(&q.only, "policies", "", "comma list of policy names to run (default: all of the mode)")
+	instances := fs.String("instances", "1,3", "replicas, affinity: Caddy (or router) instance counts to compare, comma list")
+	var af affinityOptions
+	fs.StringVar(&af.workloads, "workloads", "shared-prefix,sessions,unique", "affinity: workloads, comma list")
+	fs.StringVar(&af.option, "affinity-option", "auto", "affinity: run the `lb_policy sglang_load { affinity prefix }` row: on, off, or auto (when the binary accepts it)")
 	addr := fs.String("addr", "127.0.0.1:0", "backend: listen address")
 	var m monitorOptions
 	fs.IntVar(&m.endpoints, "endpoints", 1000, "monitor: number of endpoints")
@@ -74,9 +83,48 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	var err error
+	if q.seeds, err = parseInts("seeds", *seeds); err != nil {
+		return err
+	}
+	if *rates != "" {
+		if q.rates, err = parseFloats("rates", *rates); err != nil {
+			return err
+		}
+	}
+	if q.parallel < 0 {
+		return fmt.Errorf("-parallel %d: must not be negative", q.parallel)
+	}
+	if q.requests < 1 {
+		return fmt.Errorf("-requests %d: must be at least 1", q.requests)
+	}
+	ns, err := parseInts("instances", *instances)
+	if err != nil {
+		return err
+	}
+	for _, n := range ns {
+		if n < 1 {
+			return fmt.Errorf("-instances: %d is not a positive count", n)
+		}
+		q.instances = append(q.instances, int(n))
+	}
 	switch *mode {
 	case "quality":
+		if q.rates == nil {
+			q.rates = []float64{8, 24}
+		}
 		return runQuality(ctx, q, stdout, stderr)
+	case "replicas":
+		if q.rates == nil {
+			q.rates = []float64{24}
+		}
+		return runReplicas(ctx, q, stdout, stderr)
+	case "affinity":
+		if q.rates == nil {
+			q.rates = []float64{4, 8}
+		}
+		af.qualityOptions = q
+		return runAffinity(ctx, af, stdout, stderr)
 	case "backend":
 		return runBackend(ctx, *addr, stdout)
 	case "monitor":
@@ -100,5 +148,5 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "backends":
 		return runLoadServers(ctx, m.endpoints, false, stdout)
 	}
-	return fmt.Errorf("unknown -mode %q: want quality, backend, monitor or overhead", *mode)
+	return fmt.Errorf("unknown -mode %q: want quality, replicas, affinity, backend, monitor or overhead", *mode)
 }

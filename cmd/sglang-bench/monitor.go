@@ -226,12 +226,12 @@ func monitorCaddy(ctx context.Context, o monitorOptions, addrs []string, b *stri
 	}
 	fmt.Fprintf(b, "\nThe Caddy process (sglang_load app, Caddyfile upstreams = the %d endpoints, interval %s, timeout %s): "+
 		"its user+system CPU time from /proc/<pid>/stat over a %s window after a warm-up of two intervals, polls counted by "+
-		"`caddy_sglang_load_polls_total`; %d rounds per binary, alternating which goes first. min / median / max:\n\n",
+		"`caddy_sglang_load_polls_total`; %d rounds per binary, alternating which goes first. median (min..max):\n\n",
 		len(addrs), o.interval, o.interval/2, o.window.Round(time.Second), o.rounds)
 	b.WriteString("| Caddy binary | CPU, % of one core | CPU µs per poll | target | met (median) |\n|---|---:|---:|---:|---|\n")
 	for k, bin := range bins {
 		p, u := spreadOf(pcts[k]), spreadOf(perPoll[k])
-		fmt.Fprintf(b, "| %s | %s | %s | < 5%% of a core, < 50 µs per poll | %s |\n", bin, p.format("%.2f"), u.format("%.1f"), yes(p.median < 5))
+		fmt.Fprintf(b, "| %s | %s | %s | < 5%% of a core, < 50 µs per poll | %s |\n", bin, p.format(2), u.format(1), yes(p.med < 5))
 	}
 	return nil
 }
@@ -243,7 +243,7 @@ func monitorCaddyOnce(ctx context.Context, bin string, caddyfile func(string, in
 		return 0, 0, err
 	}
 	defer p.Stop()
-	if err := p.waitFresh(ctx, healthy); err != nil {
+	if err := p.waitFresh(ctx, healthy, 20*time.Second); err != nil {
 		return 0, 0, err
 	}
 	select {

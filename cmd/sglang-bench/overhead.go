@@ -49,7 +49,7 @@ func runOverhead(ctx context.Context, o overheadOptions, stdout, stderr io.Write
 		defer proc.Stop()
 		procs[i] = proc
 	}
-	if err := procs[0].waitFresh(ctx, len(addrs)); err != nil {
+	if err := procs[0].waitFresh(ctx, len(addrs), 20*time.Second); err != nil {
 		return err
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.conns, MaxConnsPerHost: o.conns}}
@@ -107,11 +107,11 @@ func runOverhead(ctx context.Context, o overheadOptions, stdout, stderr io.Write
 		o.caddy, o.backends, chunks*o.chunk, o.rate, o.conns, o.chunk, o.rounds)
 	b.WriteString("| round | sglang_load µs/request | least_conn µs/request | ratio |\n|---:|---:|---:|---:|\n")
 	b.WriteString(rows.String())
-	fmt.Fprintf(&b, "\nmin / median / max: sglang_load %s µs, least_conn %s µs, ratio %s.\n\n",
-		ss.format("%.1f"), ls.format("%.1f"), rs.format("%.3f"))
-	width := rs.max - rs.min
+	fmt.Fprintf(&b, "\nmedian (min..max): sglang_load %s µs, least_conn %s µs, ratio %s.\n\n",
+		ss.format(1), ls.format(1), rs.format(3))
+	width := rs.hi - rs.lo
 	fmt.Fprintf(&b, "Median ratio **%.3f** (goal ≤ 1.03: %s). The per-round ratios span %.1f%% (max − min); ",
-		rs.median, map[bool]string{true: "met", false: "missed"}[rs.median <= 1.03], 100*width)
+		rs.med, map[bool]string{true: "met", false: "missed"}[rs.med <= 1.03], 100*width)
 	if width < 0.03 {
 		b.WriteString("narrower than 3%, so a 3% difference shows.\n")
 	} else {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -71,24 +70,4 @@ func (p *caddyProc) metricSum(ctx context.Context, name string) (float64, error)
 		sum += v
 	}
 	return sum, sc.Err()
-}
-
-// spread is the min, median and max of xs.
-type spread struct{ min, median, max float64 }
-
-func spreadOf(xs []float64) spread {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return spread{}
-	}
-	med := s[len(s)/2]
-	if len(s)%2 == 0 {
-		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	return spread{s[0], med, s[len(s)-1]}
-}
-
-func (s spread) format(verb string) string {
-	return fmt.Sprintf(verb+" / "+verb+" / "+verb, s.min, s.median, s.max)
 }

@@ -26,18 +26,3 @@ func TestProcCPU(t *testing.T) {
 		t.Error("no error for a process that does not exist")
 	}
 }
-
-func TestSpreadOf(t *testing.T) {
-	for _, tt := range []struct {
-		in   []float64
-		want spread
-	}{
-		{[]float64{3, 1, 2}, spread{1, 2, 3}},
-		{[]float64{4, 1, 3, 2}, spread{1, 2.5, 4}},
-		{nil, spread{}},
-	} {
-		if got := spreadOf(tt.in); got != tt.want {
-			t.Errorf("spreadOf(%v) = %+v, want %+v", tt.in, got, tt.want)
-		}
-	}
-}

@@ -1,314 +1,346 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
-	"net/http"
+	"math"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/caddy-sglang/caddy-sglang/sglangsim"
 )
 
 type qualityOptions struct {
 	caddy, out, only string
-	seed             int64
-	rate             float64
-	duration         time.Duration
+	seeds            []int64
+	rates            []float64
+	requests         int
+	parallel         int   // seeds run at once; 0: as many as keep the offered load near parallelLoad
+	instances        []int // replicas, affinity: instance counts to compare
 }
 
-// The fleet: three workers of 1x, 2x and 4x the base capacity. Capacity scales the KV pool, the
-// running batch, and the decode and prefill speeds, as a bigger GPU (or more of them) would.
-var workerScales = []float64{1, 2, 4}
-
-func workerConfig(i int) sglangsim.Config {
-	k := workerScales[i]
-	return sglangsim.Config{
-		Name:                fmt.Sprintf("w%d-%gx", i, k),
-		MaxTotalTokens:      int64(16384 * k),
-		MaxRunningRequests:  int(16 * k),
-		DecodeTokensPerSec:  100 * k,
-		PrefillTokensPerSec: 4000 * k,
-	}
-}
-
-// The workload: 80% short requests, 20% long ones (prompt and output); 30% of each are streamed.
+// parallelLoad is the offered load, in requests/s summed over every arm, that the machine carries at about
+// 70% of 2 cores (measured: 11 arms at 24 requests/s each); with -parallel 0 seeds of a lighter load run
+// side by side up to it, at most maxSeedsAtOnce.
 const (
-	shortPrompt, shortOutput = 200, 64
-	longPrompt, longOutput   = 2000, 512
-	longShare, streamShare   = 0.2, 0.3
-	requestTimeout           = 120 * time.Second
+	parallelLoad   = 11 * 24
+	maxSeedsAtOnce = 3
 )
 
-type job struct {
-	at           time.Duration // arrival, from the start of the run
-	long, stream bool
-}
-
-// workload is the seeded arrival schedule every policy gets: Poisson arrivals at rate for d.
-func workload(seed int64, rate float64, d time.Duration) []job {
-	rnd := rand.New(rand.NewPCG(uint64(seed), 0x5eed))
-	var jobs []job
-	for at := time.Duration(0); ; {
-		at += time.Duration(rnd.ExpFloat64() / rate * float64(time.Second))
-		if at >= d {
-			return jobs
-		}
-		jobs = append(jobs, job{at: at, long: rnd.Float64() < longShare, stream: rnd.Float64() < streamShare})
+func (o qualityOptions) seedsAtOnce(rate float64, arms int) int {
+	if o.parallel > 0 {
+		return o.parallel
 	}
+	return max(1, min(maxSeedsAtOnce, int(parallelLoad/(rate*float64(arms)))))
 }
 
-// policy is one lb_policy configuration under test.
-type policy struct {
-	name     string
-	lb       string        // the lb_policy line and block
-	interval time.Duration // sglang_load polling interval; 0 for Caddy's own policies
-}
-
-func policies() []policy {
-	ps := []policy{
+// qualityPolicies are the rows of the quality table, each a Caddyfile lb_policy of its own.
+func qualityPolicies() []policy {
+	return []policy{
 		{name: "round_robin", lb: "lb_policy round_robin"},
 		{name: "least_conn", lb: "lb_policy least_conn"},
 		{name: "random_choose 2", lb: "lb_policy random_choose 2"},
+		sglangLoad("sglang_load power_of_two 10s", 10*time.Second, "metric auto", "choose power_of_two"),
+		sglangLoad("sglang_load power_of_two 10s no-inflight", 10*time.Second, "metric auto", "choose power_of_two", "inflight_correction off"),
+		sglangLoad("sglang_load power_of_two 1s", time.Second, "metric auto", "choose power_of_two"),
+		sglangLoad("sglang_load power_of_two 1s no-inflight", time.Second, "metric auto", "choose power_of_two", "inflight_correction off"),
+		sglangLoad("sglang_load least 10s", 10*time.Second, "metric auto", "choose least"),
+		sglangLoad("sglang_load least 10s no-inflight", 10*time.Second, "metric auto", "choose least", "inflight_correction off"),
+		sglangLoad("sglang_load least 1s", time.Second, "metric auto", "choose least"),
+		sglangLoad("sglang_load least 1s no-inflight", time.Second, "metric auto", "choose least", "inflight_correction off"),
+		sglangLoad("sglang_load cost 10s", 10*time.Second, "metric cost"),
+		sglangLoad("sglang_load cost 10s no-inflight", 10*time.Second, "metric cost", "inflight_correction off"),
+		sglangLoad("sglang_load cost 1s", time.Second, "metric cost"),
 	}
-	for _, choose := range []string{"power_of_two", "least"} {
-		for _, iv := range []time.Duration{10 * time.Second, time.Second} {
-			for _, corr := range []bool{true, false} {
-				name := fmt.Sprintf("sglang_load %s %s", choose, iv)
-				block := "choose " + choose
-				if !corr {
-					name += " no-inflight"
-					block += "\n\t\t\tinflight_correction off"
+}
+
+// selectPolicies keeps the policies named in the comma list only (all when it is empty).
+func selectPolicies(ps []policy, only string) ([]policy, error) {
+	if only == "" {
+		return ps, nil
+	}
+	var out []policy
+	for _, name := range strings.Split(only, ",") {
+		i := slices.IndexFunc(ps, func(p policy) bool { return p.name == strings.TrimSpace(name) })
+		if i < 0 {
+			return nil, fmt.Errorf("-policies: unknown policy %q", name)
+		}
+		out = append(out, ps[i])
+	}
+	return out, nil
+}
+
+// armResult is one policy's figures on one seed.
+type armResult struct {
+	name                        string
+	instances                   int
+	requests, failed            int
+	p50, p90, p99               float64 // end-to-end latency, s
+	ttftMean, ttft50, ttft90    float64 // streamed requests, s
+	ttft99                      float64
+	tokPerSec, reqPerSec        float64 // completed, over the run
+	queueMean                   float64
+	share                       []float64 // of completed requests, per worker
+	hit, ideal                  float64   // cached / prompt tokens: the fleet's, and one unlimited cache's
+	kvMean, kvPeak, pollsPerSec []float64 // per worker
+	tail                        []sample  // the slowest 1% of completed requests
+	firstFailure                string
+}
+
+// armSpec is one arm of a run: a policy and its instance count.
+type armSpec struct {
+	p policy
+	n int
+}
+
+// label names an arm in tables: the policy, and its instance count when it is not 1.
+func (s armSpec) label() string {
+	if s.n == 1 {
+		return s.p.name
+	}
+	return fmt.Sprintf("%s ×%d", s.p.name, s.n)
+}
+
+func singleInstance(ps []policy) []armSpec {
+	specs := make([]armSpec, len(ps))
+	for i, p := range ps {
+		specs[i] = armSpec{p, 1}
+	}
+	return specs
+}
+
+// runSeed starts every arm, sends them jobs at the same moments, and returns their figures in order.
+// sent is called once every job has gone out (or the arms failed to start).
+func runSeed(ctx context.Context, caddy string, specs []armSpec, jobs []job, sent func()) ([]armResult, error) {
+	var once sync.Once
+	defer once.Do(sent)
+	arms := make([]*arm, len(specs))
+	errs := make([]error, len(specs))
+	var wg sync.WaitGroup
+	for i, s := range specs {
+		wg.Go(func() {
+			// One more try with a fresh fleet and fresh Caddy processes: on a machine this busy a start can
+			// fail for reasons that have nothing to do with the policy.
+			for try := range 2 {
+				if arms[i], errs[i] = startArm(ctx, caddy, s.p, s.n); errs[i] == nil || ctx.Err() != nil {
+					return
 				}
-				ps = append(ps, policy{name: name, lb: "lb_policy sglang_load {\n\t\t\t" + block + "\n\t\t}", interval: iv})
+				if try == 0 {
+					fmt.Fprintf(os.Stderr, "sglang-bench: starting %s again: %v\n", s.label(), errs[i])
+				}
+			}
+		})
+	}
+	wg.Wait()
+	defer func() {
+		for _, a := range arms {
+			if a != nil {
+				a.Close()
 			}
 		}
+	}()
+	for i, err := range errs {
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", specs[i].label(), err)
+		}
 	}
-	return ps
+	polls0 := make([][]int64, len(arms))
+	for i, a := range arms {
+		polls0[i] = a.fleet.pollCounts()
+	}
+	begin := runArms(ctx, arms, sequences(jobs), func() { once.Do(sent) })
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	rs := make([]armResult, len(arms))
+	for i, a := range arms {
+		rs[i] = summarise(a, specs[i].label(), begin, polls0[i])
+	}
+	return rs, nil
 }
 
-// sample is one request's outcome.
-type sample struct {
-	ok            bool
-	stream        bool
-	worker        string
-	latency, ttft time.Duration
-	queue         float64 // seconds, from the simulator's header
-	end           time.Time
+func summarise(a *arm, name string, begin time.Time, polls0 []int64) armResult {
+	r := armResult{name: name, instances: a.instances(), requests: len(a.samples), share: make([]float64, len(workerScales))}
+	var lat, ttft []float64
+	var ok []sample
+	var last time.Time
+	var tokens, prompt, cached int
+	for _, s := range a.samples {
+		if !s.ok {
+			if r.failed == 0 {
+				r.firstFailure = s.failure
+			}
+			r.failed++
+			continue
+		}
+		ok = append(ok, s)
+		lat = append(lat, s.latency.Seconds())
+		r.queueMean += s.queue
+		if s.stream {
+			ttft = append(ttft, s.ttft.Seconds())
+		}
+		last = maxTime(last, s.end)
+		tokens += s.out
+		prompt += s.prompt
+		cached += s.cached
+		if s.worker >= 0 {
+			r.share[s.worker]++
+		}
+	}
+	if n := float64(len(ok)); n > 0 {
+		span := last.Sub(begin).Seconds()
+		r.reqPerSec, r.tokPerSec = n/span, float64(tokens)/span
+		r.queueMean /= n
+		for w := range r.share {
+			r.share[w] /= n
+		}
+	}
+	if prompt > 0 {
+		r.hit = float64(cached) / float64(prompt)
+	}
+	r.ideal = a.ideal.rate()
+	slices.Sort(lat)
+	slices.Sort(ttft)
+	r.p50, r.p90, r.p99 = quantile(lat, 0.5), quantile(lat, 0.9), quantile(lat, 0.99)
+	r.ttftMean, r.ttft50, r.ttft90, r.ttft99 = mean(ttft), quantile(ttft, 0.5), quantile(ttft, 0.9), quantile(ttft, 0.99)
+	r.kvMean, r.kvPeak = a.fleet.kv()
+	span := time.Since(begin).Seconds()
+	for i, p := range a.fleet.pollCounts() {
+		r.pollsPerSec = append(r.pollsPerSec, float64(p-polls0[i])/span)
+	}
+	r.tail = slowest(ok, 0.01)
+	return r
 }
 
-// result is one policy's summary.
-type result struct {
-	policy                   policy
-	requests, failed         int
-	throughput, tokensPerSec float64 // completed requests/s and output tokens/s over the run
-	p50, p90, p99            time.Duration
-	ttft50, ttft99           time.Duration
-	queueMean, queue99       float64
-	share                    []float64 // per worker, of completed requests
+// slowest returns the slowest share of samples (at least one), slowest first.
+func slowest(ss []sample, share float64) []sample {
+	s := slices.Clone(ss)
+	slices.SortFunc(s, func(a, b sample) int { return int(b.latency - a.latency) })
+	return s[:min(len(s), max(1, int(math.Ceil(share*float64(len(s))))))]
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// seedResults is, per policy in order, its figures on every seed in order.
+type seedResults struct {
+	seeds    []int64
+	policies []string
+	byPolicy [][]armResult
+}
+
+// runSeeds runs every seed (parallel of them at once) and gathers the results per policy.
+func runSeeds(ctx context.Context, caddy string, specs []armSpec, parallel int, seeds []int64, jobsOf func(seed int64) []job,
+	stderr io.Writer, label string) (seedResults, error) {
+	out := seedResults{seeds: seeds, byPolicy: make([][]armResult, len(specs))}
+	for _, s := range specs {
+		out.policies = append(out.policies, s.label())
+	}
+	// Batches overlap: the next starts when the previous has sent its last request, while the slowest
+	// policies (an overloaded round_robin) still drain their queues.
+	perSeed := make([][]armResult, len(seeds))
+	errs := make([]error, len(seeds))
+	var wg sync.WaitGroup
+	for from := 0; from < len(seeds); from += parallel {
+		batch := seeds[from:min(from+parallel, len(seeds))]
+		var sent sync.WaitGroup
+		for k, seed := range batch {
+			i := from + k
+			sent.Add(1)
+			wg.Go(func() {
+				start := time.Now()
+				perSeed[i], errs[i] = runSeed(ctx, caddy, specs, jobsOf(seed), sent.Done)
+				for _, r := range perSeed[i] {
+					fmt.Fprintf(stderr, "sglang-bench: %s seed %d %-42s p50 %6.2fs p99 %6.2fs failed %d %s\n", label, seed, r.name, r.p50, r.p99,
+						r.failed, r.firstFailure)
+				}
+				fmt.Fprintf(stderr, "sglang-bench: %s seed %d done in %s\n", label, seed, time.Since(start).Round(time.Second))
+			})
+		}
+		sent.Wait()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return out, err
+	}
+	for i := range specs {
+		for _, rs := range perSeed {
+			out.byPolicy[i] = append(out.byPolicy[i], rs[i])
+		}
+	}
+	return out, nil
 }
 
 func runQuality(ctx context.Context, o qualityOptions, stdout, stderr io.Writer) error {
 	if _, err := os.Stat(o.caddy); err != nil {
 		return fmt.Errorf("-caddy %s: %w (run make build first)", o.caddy, err)
 	}
-	jobs := workload(o.seed, o.rate, o.duration)
-	var results []result
-	for _, p := range policies() {
-		if o.only != "" && !slices.Contains(strings.Split(o.only, ","), p.name) {
-			continue
-		}
-		fmt.Fprintf(stderr, "sglang-bench: %-40s ", p.name)
-		start := time.Now()
-		res, err := runPolicy(ctx, o, p, jobs)
-		if err != nil {
-			return fmt.Errorf("%s: %w", p.name, err)
-		}
-		fmt.Fprintf(stderr, "p50 %6.2fs p99 %6.2fs failed %d (%s)\n", res.p50.Seconds(), res.p99.Seconds(), res.failed,
-			time.Since(start).Round(time.Second))
-		results = append(results, res)
+	ps, err := selectPolicies(qualityPolicies(), o.only)
+	if err != nil {
+		return err
 	}
-	md := qualityMarkdown(o, jobs, results)
+	mark := markCPU()
+	var runs []qualityRun
+	for _, rate := range o.rates {
+		cpu0 := markCPU()
+		res, err := runSeeds(ctx, o.caddy, singleInstance(ps), o.seedsAtOnce(rate, len(ps)), o.seeds,
+			func(seed int64) []job { return qualityWorkload(seed, rate, o.requests) }, stderr, fmt.Sprintf("%g/s", rate))
+		if err != nil {
+			return err
+		}
+		runs = append(runs, qualityRun{rate: rate, res: res, cpu: cpuSince(cpu0)})
+	}
+	md := qualityMarkdown(o, runs, cpuSince(mark))
 	if err := writeResult(o.out, "quality.md", md); err != nil {
 		return err
 	}
-	if err := writeResult(o.out, "quality.svg", qualitySVG(results)); err != nil {
+	if err := writeResult(o.out, "quality.svg", qualitySVG(runs[len(runs)-1].res)); err != nil {
 		return err
 	}
 	fmt.Fprint(stdout, md)
 	return nil
 }
 
-// runPolicy runs the workload through a fresh Caddy and a fresh fleet, so no policy inherits queues.
-func runPolicy(ctx context.Context, o qualityOptions, p policy, jobs []job) (result, error) {
-	var addrs []string
-	for i := range workerScales {
-		w := sglangsim.New(workerConfig(i))
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+type qualityRun struct {
+	rate float64
+	res  seedResults
+	cpu  cpuUse
+}
+
+// parseList parses a comma list of numbers for flag name.
+func parseList[T int64 | float64](name, s string, parse func(string) (T, error)) ([]T, error) {
+	var out []T
+	for _, f := range strings.Split(s, ",") {
+		v, err := parse(strings.TrimSpace(f))
 		if err != nil {
-			return result{}, err
+			return nil, fmt.Errorf("-%s: %q is not a number", name, f)
 		}
-		srv := &http.Server{Handler: w.Handler(), ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
-		defer func() {
-			w.Close()
-			_ = srv.Close()
-		}()
-		addrs = append(addrs, ln.Addr().String())
+		out = append(out, v)
 	}
-	global := ""
-	if p.interval > 0 {
-		global = fmt.Sprintf("\tsglang_load {\n\t\tinterval %s\n\t}\n", p.interval)
+	if len(out) == 0 {
+		return nil, fmt.Errorf("-%s: empty list", name)
 	}
-	cf := func(admin string, port int) string {
-		return fmt.Sprintf("{\n\tadmin %s\n\tauto_https off\n\tpersist_config off\n%s}\nhttp://127.0.0.1:%d {\n\treverse_proxy %s {\n\t\t%s\n\t}\n}\n",
-			admin, global, port, strings.Join(addrs, " "), p.lb)
-	}
-	c, err := startCaddy(ctx, o.caddy, cf, io.Discard)
-	if err != nil {
-		return result{}, err
-	}
-	defer c.Stop()
-	if p.interval > 0 {
-		if err := c.waitFresh(ctx, len(addrs)); err != nil {
-			return result{}, fmt.Errorf("waiting for the first loads: %w", err)
-		}
-	}
-
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, DisableCompression: true}}
-	defer client.CloseIdleConnections()
-	samples := make([]sample, len(jobs))
-	var wg sync.WaitGroup
-	begin := time.Now()
-	for i, j := range jobs {
-		if d := time.Until(begin.Add(j.at)); d > 0 {
-			select {
-			case <-time.After(d): // the arrival schedule itself, not synchronisation
-			case <-ctx.Done():
-				wg.Wait()
-				return result{}, ctx.Err()
-			}
-		}
-		wg.Go(func() { samples[i] = send(ctx, client, c.SiteURL, j) })
-	}
-	wg.Wait()
-	return summarise(p, jobs, samples, begin), nil
+	return out, nil
 }
 
-// send runs one request and measures it.
-func send(ctx context.Context, client *http.Client, site string, j job) sample {
-	prompt, out := shortPrompt, shortOutput
-	if j.long {
-		prompt, out = longPrompt, longOutput
-	}
-	body := fmt.Sprintf(`{"model":"bench","messages":[{"role":"user","content":"hi"}],"prompt_tokens":%d,"max_tokens":%d,"stream":%t}`,
-		prompt, out, j.stream)
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, site+"/v1/chat/completions", strings.NewReader(body))
-	if err != nil {
-		return sample{}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	s := sample{stream: j.stream}
-	start := time.Now()
-	resp, err := client.Do(req)
-	if err != nil {
-		return s
-	}
-	defer resp.Body.Close()
-	s.worker = resp.Header.Get(sglangsim.HeaderWorker)
-	s.queue, _ = strconv.ParseFloat(resp.Header.Get(sglangsim.HeaderQueueTime), 64)
-	if j.stream {
-		// The simulator sends the first chunk when prefill ends: the first data line is the first token.
-		r := bufio.NewReader(resp.Body)
-		for {
-			line, err := r.ReadBytes('\n')
-			if s.ttft == 0 && bytes.HasPrefix(line, []byte("data: ")) {
-				s.ttft = time.Since(start)
-			}
-			if err != nil {
-				if !errors.Is(err, io.EOF) {
-					return s
-				}
-				break
-			}
-		}
-	} else if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		return s
-	}
-	s.end = time.Now()
-	s.latency = s.end.Sub(start)
-	s.ok = resp.StatusCode == http.StatusOK
-	return s
+func parseInts(name, s string) ([]int64, error) {
+	return parseList(name, s, func(f string) (int64, error) { return strconv.ParseInt(f, 10, 64) })
 }
 
-func summarise(p policy, jobs []job, samples []sample, begin time.Time) result {
-	r := result{policy: p, requests: len(samples), share: make([]float64, len(workerScales))}
-	var lat, ttft []time.Duration
-	var queue []float64
-	var last time.Time
-	var tokens int
-	for i, s := range samples {
-		if !s.ok {
-			r.failed++
-			continue
+func parseFloats(name, s string) ([]float64, error) {
+	return parseList(name, s, func(f string) (float64, error) {
+		v, err := strconv.ParseFloat(f, 64)
+		if err == nil && v <= 0 {
+			return 0, errors.New("not positive")
 		}
-		lat = append(lat, s.latency)
-		queue = append(queue, s.queue)
-		if s.stream {
-			ttft = append(ttft, s.ttft)
-		}
-		if s.end.After(last) {
-			last = s.end
-		}
-		if jobs[i].long {
-			tokens += longOutput
-		} else {
-			tokens += shortOutput
-		}
-		for w := range workerScales {
-			if s.worker == workerConfig(w).Name {
-				r.share[w]++
-			}
-		}
-	}
-	ok := float64(len(lat))
-	if ok > 0 {
-		span := last.Sub(begin).Seconds()
-		r.throughput, r.tokensPerSec = ok/span, float64(tokens)/span
-		for w := range r.share {
-			r.share[w] /= ok
-		}
-	}
-	slices.Sort(lat)
-	slices.Sort(ttft)
-	slices.Sort(queue)
-	r.p50, r.p90, r.p99 = quantile(lat, 0.5), quantile(lat, 0.9), quantile(lat, 0.99)
-	r.ttft50, r.ttft99 = quantile(ttft, 0.5), quantile(ttft, 0.99)
-	r.queue99 = quantile(queue, 0.99)
-	for _, q := range queue {
-		r.queueMean += q / ok
-	}
-	return r
-}
-
-// quantile is the nearest-rank quantile of sorted values; zero when there are none.
-func quantile[T any](sorted []T, q float64) T {
-	var zero T
-	if len(sorted) == 0 {
-		return zero
-	}
-	i := int(q*float64(len(sorted))+0.5) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
+		return v, err
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 )
@@ -33,35 +34,375 @@ func writeResult(out, name, content string) error {
 	return os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644)
 }
 
-func secs(d time.Duration) string { return fmt.Sprintf("%.2f", d.Seconds()) }
+// metric is one figure of an armResult, with how to read it.
+type metric struct {
+	name        string
+	get         func(armResult) float64
+	decimals    int
+	lowerBetter bool
+}
 
-func qualityMarkdown(o qualityOptions, jobs []job, rs []result) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "### Routing quality, %s\n\n", time.Now().Format("2006-01-02"))
-	fmt.Fprintf(&b, "Machine: %s.\n\n", machine())
+var (
+	mP50      = metric{"p50 s", func(r armResult) float64 { return r.p50 }, 2, true}
+	mP90      = metric{"p90 s", func(r armResult) float64 { return r.p90 }, 2, true}
+	mP99      = metric{"p99 s", func(r armResult) float64 { return r.p99 }, 2, true}
+	mTTFTMean = metric{"TTFT mean s", func(r armResult) float64 { return r.ttftMean }, 2, true}
+	mTTFT50   = metric{"TTFT p50 s", func(r armResult) float64 { return r.ttft50 }, 2, true}
+	mTTFT90   = metric{"TTFT p90 s", func(r armResult) float64 { return r.ttft90 }, 2, true}
+	mTTFT99   = metric{"TTFT p99 s", func(r armResult) float64 { return r.ttft99 }, 2, true}
+	mTok      = metric{"out tok/s", func(r armResult) float64 { return r.tokPerSec }, 0, false}
+	mHit      = metric{"hit rate", func(r armResult) float64 { return r.hit }, 3, false}
+)
+
+func values(rs []armResult, m metric) []float64 {
+	v := make([]float64, len(rs))
+	for i, r := range rs {
+		v[i] = m.get(r)
+	}
+	return v
+}
+
+// ratioCell is a policy's figure divided by a baseline's, seed by seed: median, range, and whether the
+// whole range lies on one side of 1.
+func ratioCell(rs, base []armResult, m metric) string {
+	s := spreadOf(ratios(values(rs, m), values(base, m)))
+	v := s.verdict()
+	if !m.lowerBetter {
+		switch v {
+		case "better on every seed":
+			v = "worse on every seed"
+		case "worse on every seed":
+			v = "better on every seed"
+		}
+	}
+	short := map[string]string{"better on every seed": "**better**", "worse on every seed": "**worse**", "within seed range": "~", "one seed": "(1 seed)"}[v]
+	return s.format(2) + " " + short
+}
+
+func (sr seedResults) find(name string) []armResult {
+	if i := slices.Index(sr.policies, name); i >= 0 {
+		return sr.byPolicy[i]
+	}
+	return nil
+}
+
+func header(b *strings.Builder, title string) {
+	fmt.Fprintf(b, "### %s, %s\n\n", title, time.Now().Format("2006-01-02"))
+	fmt.Fprintf(b, "Machine: %s.\n\n", machine())
+}
+
+func fleetLine() string {
 	names := make([]string, len(workerScales))
 	for i := range workerScales {
 		c := workerConfig(i)
-		names[i] = fmt.Sprintf("%s (pool %d, batch %d, decode %g tok/s)", c.Name, c.MaxTotalTokens, c.MaxRunningRequests, c.DecodeTokensPerSec)
+		names[i] = fmt.Sprintf("%s (pool %d, batch %d, decode %g tok/s, prefill %g tok/s)", c.Name, c.MaxTotalTokens,
+			c.MaxRunningRequests, c.DecodeTokensPerSec, c.PrefillTokensPerSec)
 	}
-	fmt.Fprintf(&b, "Workload: seed %d, %d requests, Poisson arrivals at %g/s for %s; %.0f%% short (prompt %d, output %d), "+
-		"%.0f%% long (prompt %d, output %d); %.0f%% streamed. Workers: %s. Each policy gets a fresh Caddy and fresh workers.\n\n",
-		o.seed, len(jobs), o.rate, o.duration, (1-longShare)*100, shortPrompt, shortOutput, longShare*100, longPrompt, longOutput,
-		streamShare*100, strings.Join(names, ", "))
-	b.WriteString("| policy | req/s | tok/s | p50 s | p90 s | p99 s | TTFT p50 s | TTFT p99 s | queue mean s | queue p99 s | failed | share " +
-		strings.Join(workerLabels(), " / ") + " |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
-	for _, r := range rs {
-		shares := make([]string, len(r.share))
-		for i, s := range r.share {
-			shares[i] = fmt.Sprintf("%.0f%%", s*100)
+	return "Workers: " + strings.Join(names, ", ") + "."
+}
+
+const spreadLegend = "Every figure is the median over seeds with its range (min..max) in brackets. A ratio is computed seed by " +
+	"seed against the baseline of the same seed (both saw the same requests at the same moments); **better** / " +
+	"**worse**: the whole range is on that side of 1, so the difference holds on every seed; ~: the range includes 1.\n\n"
+
+func qualityMarkdown(o qualityOptions, runs []qualityRun, total cpuUse) string {
+	var b strings.Builder
+	header(&b, "Routing quality")
+	fmt.Fprintf(&b, "Workload: %d requests per policy and seed, Poisson arrivals; %.0f%% short (prompt %d, max_tokens %d), "+
+		"%.0f%% long (prompt %d, max_tokens %d); %.0f%% streamed; each prompt unique from its first token. Seeds %v. %s "+
+		"All policies of a seed run at once, each with its own Caddy and its own workers, sent the same requests at the same moments.\n\n",
+		o.requests, (1-longShare)*100, shortPrompt, shortOutput, longShare*100, longPrompt, longOutput, streamShare*100,
+		o.seeds, fleetLine())
+	fmt.Fprintf(&b, "CPU, whole run: %s.\n\n", total)
+	b.WriteString(spreadLegend)
+	for _, run := range runs {
+		fmt.Fprintf(&b, "#### %g requests/s\n\nCPU: %s.\n\n", run.rate, run.cpu)
+		figuresTable(&b, run.res, []metric{mP50, mP90, mP99, mTTFTMean, mTTFT90, mTTFT99, mTok})
+		ratioTables(&b, run.res, []metric{mP50, mP90, mP99, mTTFTMean, mTTFT99, mTok}, "least_conn", "round_robin")
+		targetsTable(&b, run.res)
+		kvTable(&b, run.res)
+		if lc := run.res.find("least_conn"); lc != nil {
+			var m, p []float64
+			for _, r := range lc {
+				m, p = append(m, r.kvMean[0]), append(p, r.kvPeak[0])
+			}
+			fmt.Fprintf(&b, "Busy check: under least_conn the smallest worker's KV use peaks at %s (mean %s); above 70%% on every seed: %s.\n\n",
+				percents(p), percents(m), map[bool]string{true: "yes", false: "no"}[spreadOf(p).lo > 0.7])
 		}
-		fmt.Fprintf(&b, "| %s | %.1f | %.0f | %s | %s | %s | %s | %s | %.2f | %.2f | %d | %s |\n", r.policy.name, r.throughput,
-			r.tokensPerSec, secs(r.p50), secs(r.p90), secs(r.p99), secs(r.ttft50), secs(r.ttft99), r.queueMean, r.queue99,
-			r.failed, strings.Join(shares, " / "))
+		tailTable(&b, run.res)
 	}
-	b.WriteString(targets(rs))
 	return b.String()
+}
+
+// percents is the spread of fractions as percentages: "90% (85..95%)".
+func percents(xs []float64) string {
+	s := spreadOf(xs)
+	return fmt.Sprintf("%.0f%% (%.0f..%.0f%%)", s.med*100, s.lo*100, s.hi*100)
+}
+
+// figuresTable: one row per policy, median (range) of each metric, failures, and per-worker shares.
+func figuresTable(b *strings.Builder, sr seedResults, ms []metric) {
+	b.WriteString("| policy |")
+	for _, m := range ms {
+		b.WriteString(" " + m.name + " |")
+	}
+	fmt.Fprintf(b, " failed (max) | share %s |\n|---|", strings.Join(workerLabels(), " / "))
+	b.WriteString(strings.Repeat("---:|", len(ms)+1) + "---|\n")
+	for i, name := range sr.policies {
+		rs := sr.byPolicy[i]
+		fmt.Fprintf(b, "| %s |", name)
+		for _, m := range ms {
+			fmt.Fprintf(b, " %s |", spreadOf(values(rs, m)).format(m.decimals))
+		}
+		failed := 0
+		for _, r := range rs {
+			failed = max(failed, r.failed)
+		}
+		fmt.Fprintf(b, " %d | %s |\n", failed, shares(rs))
+	}
+	b.WriteString("\n")
+}
+
+// shares is the median share of each worker over seeds.
+func shares(rs []armResult) string {
+	out := make([]string, len(workerScales))
+	for w := range workerScales {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = r.share[w]
+		}
+		out[w] = fmt.Sprintf("%.0f%%", spreadOf(v).med*100)
+	}
+	return strings.Join(out, " / ")
+}
+
+// ratioTables: per baseline, every policy's ratio of each metric, then the same ratios seed by seed.
+func ratioTables(b *strings.Builder, sr seedResults, ms []metric, baselines ...string) {
+	for _, base := range baselines {
+		br := sr.find(base)
+		if br == nil {
+			continue
+		}
+		fmt.Fprintf(b, "Ratio to %s, seed by seed (latencies: lower is better; tok/s and hit rate: higher):\n\n| policy |", base)
+		for _, m := range ms {
+			b.WriteString(" " + strings.TrimSuffix(m.name, " s") + " |")
+		}
+		b.WriteString("\n|---|" + strings.Repeat("---|", len(ms)) + "\n")
+		for i, name := range sr.policies {
+			if name == base {
+				continue
+			}
+			fmt.Fprintf(b, "| %s |", name)
+			for _, m := range ms {
+				fmt.Fprintf(b, " %s |", ratioCell(sr.byPolicy[i], br, m))
+			}
+			b.WriteString("\n")
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("<details><summary>Every ratio, seed by seed</summary>\n\n| policy | ratio |")
+	for _, s := range sr.seeds {
+		fmt.Fprintf(b, " seed %d |", s)
+	}
+	b.WriteString("\n|---|---|" + strings.Repeat("---:|", len(sr.seeds)) + "\n")
+	for i, name := range sr.policies {
+		for _, base := range baselines {
+			br := sr.find(base)
+			if br == nil || name == base {
+				continue
+			}
+			for _, m := range ms {
+				fmt.Fprintf(b, "| %s | %s ÷ %s |", name, strings.TrimSuffix(m.name, " s"), base)
+				for _, r := range ratios(values(sr.byPolicy[i], m), values(br, m)) {
+					fmt.Fprintf(b, " %.2f |", r)
+				}
+				b.WriteString("\n")
+			}
+		}
+	}
+	b.WriteString("\n</details>\n\n")
+}
+
+// targetsTable checks issue targets at a 10 s interval on every seed: p99 ≤ 0.6× least_conn, p50 ≤ 1.0×
+// least_conn, p99 ≤ 0.5× round_robin, and p99 within 10% of the same policy at a 1 s interval.
+func targetsTable(b *strings.Builder, sr seedResults) {
+	lc, rr := sr.find("least_conn"), sr.find("round_robin")
+	if lc == nil || rr == nil {
+		return
+	}
+	b.WriteString("Targets at a 10 s interval, on every seed (p99 ≤ 0.6× least_conn, p50 ≤ 1.0× least_conn, p99 ≤ 0.5× round_robin, " +
+		"p99 within 10% of the same policy at 1 s); worst seed shown:\n\n")
+	b.WriteString("| policy | p99 ÷ least_conn | p50 ÷ least_conn | p99 ÷ round_robin | p99 ÷ same at 1 s | met |\n|---|---:|---:|---:|---:|---|\n")
+	for i, name := range sr.policies {
+		if !strings.Contains(name, " 10s") {
+			continue
+		}
+		rs := sr.byPolicy[i]
+		a := spreadOf(ratios(values(rs, mP99), values(lc, mP99)))
+		p := spreadOf(ratios(values(rs, mP50), values(lc, mP50)))
+		c := spreadOf(ratios(values(rs, mP99), values(rr, mP99)))
+		met := a.hi <= 0.6 && p.hi <= 1 && c.hi <= 0.5
+		same := "-"
+		if fast := sr.find(strings.Replace(name, " 10s", " 1s", 1)); fast != nil {
+			s := spreadOf(ratios(values(rs, mP99), values(fast, mP99)))
+			same = fmt.Sprintf("%.2f..%.2f", s.lo, s.hi)
+			met = met && s.lo >= 0.9 && s.hi <= 1.1
+		}
+		fmt.Fprintf(b, "| %s | %.2f | %.2f | %.2f | %s | %s |\n", name, a.hi, p.hi, c.hi, same, map[bool]string{true: "yes", false: "no"}[met])
+	}
+	b.WriteString("\n")
+}
+
+// kvTable: each worker's mean and peak KV use (token_usage, sampled every 200 ms while requests were out).
+func kvTable(b *strings.Builder, sr seedResults) {
+	b.WriteString("KV use per worker, mean / peak over the run (median over seeds; token_usage sampled every 200 ms):\n\n| policy |")
+	for _, l := range workerLabels() {
+		fmt.Fprintf(b, " %s |", l)
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---:|", len(workerScales)) + "\n")
+	for i, name := range sr.policies {
+		fmt.Fprintf(b, "| %s |", name)
+		for w := range workerScales {
+			var m, p []float64
+			for _, r := range sr.byPolicy[i] {
+				m, p = append(m, r.kvMean[w]), append(p, r.kvPeak[w])
+			}
+			fmt.Fprintf(b, " %.0f%% / %.0f%% |", spreadOf(m).med*100, spreadOf(p).med*100)
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\n")
+}
+
+// tailTable describes, per policy, the requests that make its p99: the slowest 1% of each seed, pooled.
+func tailTable(b *strings.Builder, sr seedResults) {
+	b.WriteString("Why the p99: the slowest 1% of each seed's requests, pooled over seeds. queue: waiting for admission " +
+		"(the simulator's X-Sglang-Sim-Queue-Time); to first token: TTFT − queue (prefill, including the wait behind other " +
+		"prompts' prefill); decode: latency − TTFT. Only streamed requests have a TTFT: for the others the simulator reports " +
+		"no time to first token (it has one: an X-Sglang-Sim-First-Token-Time header or a usage.first_token_time field, seconds " +
+		"from arrival, would split them too), so after queue is prefill + decode together.\n\n")
+	fmt.Fprintf(b, "| policy | n | long | streamed | on %s | latency s | queue s | to first token s (streamed) | decode s (streamed) | after queue s (not streamed) |\n",
+		strings.Join(workerLabels(), " / "))
+	b.WriteString("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|\n")
+	for i, name := range sr.policies {
+		var t []sample
+		for _, r := range sr.byPolicy[i] {
+			t = append(t, r.tail...)
+		}
+		fmt.Fprintf(b, "| %s | %s |\n", name, describeTail(t))
+	}
+	b.WriteString("\n")
+}
+
+// describeTail is the table cells for a set of slow requests: what they were, where they went, and
+// where their time went (means).
+func describeTail(t []sample) string {
+	if len(t) == 0 {
+		return "0 | | | | | | | |"
+	}
+	var long, streamed int
+	on := make([]int, len(workerScales))
+	var lat, queue, first, decode, after []float64
+	for _, s := range t {
+		if s.long {
+			long++
+		}
+		if s.worker >= 0 {
+			on[s.worker]++
+		}
+		lat, queue = append(lat, s.latency.Seconds()), append(queue, s.queue)
+		if s.stream {
+			streamed++
+			first = append(first, s.ttft.Seconds()-s.queue)
+			decode = append(decode, (s.latency - s.ttft).Seconds())
+		} else {
+			after = append(after, s.latency.Seconds()-s.queue)
+		}
+	}
+	pct := func(k int) string { return fmt.Sprintf("%.0f%%", float64(k)*100/float64(len(t))) }
+	ons := make([]string, len(on))
+	for i, k := range on {
+		ons[i] = pct(k)
+	}
+	opt := func(xs []float64) string {
+		if len(xs) == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f", mean(xs))
+	}
+	return fmt.Sprintf("%d | %s | %s | %s | %.2f | %.2f | %s | %s | %s", len(t), pct(long), pct(streamed), strings.Join(ons, " / "),
+		mean(lat), mean(queue), opt(first), opt(decode), opt(after))
+}
+
+// qualitySVG draws the median p50, p90 and p99 latency per policy as horizontal bars, with the p99's
+// range over seeds as a whisker, by hand, without dependencies.
+func qualitySVG(sr seedResults) string {
+	const (
+		left, right, top, row, barH = 300, 80, 50, 42, 11
+		width                       = 1000
+	)
+	var maxS float64
+	for _, rs := range sr.byPolicy {
+		maxS = max(maxS, spreadOf(values(rs, mP99)).hi)
+	}
+	if maxS == 0 {
+		maxS = 1
+	}
+	height := top + row*len(sr.policies) + 40
+	scale := float64(width-left-right) / maxS
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", width, height)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="15" font-weight="bold">End-to-end latency by policy, median over seeds, p99 range as whisker (s; shorter is better)</text>`+"\n", 10)
+	colors := []struct{ name, fill string }{{"p50", "#4c9be8"}, {"p90", "#f0a830"}, {"p99", "#d9534f"}}
+	for i, c := range colors {
+		x := width - right - 240 + i*80
+		fmt.Fprintf(&b, `<rect x="%d" y="30" width="12" height="12" fill="%s"/><text x="%d" y="41">%s</text>`+"\n", x, c.fill, x+16, c.name)
+	}
+	for i, name := range sr.policies {
+		rs := sr.byPolicy[i]
+		y := top + i*row
+		if i%2 == 1 {
+			fmt.Fprintf(&b, `<rect x="0" y="%d" width="%d" height="%d" fill="#f4f4f4"/>`+"\n", y-2, width, row)
+		}
+		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">%s</text>`+"\n", left-8, y+row/2+2, html.EscapeString(name))
+		for k, m := range []metric{mP50, mP90, mP99} {
+			s := spreadOf(values(rs, m))
+			w := s.med * scale
+			by := y + 3 + k*barH
+			fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"/>`, left, by, w, barH-1, colors[k].fill)
+			if m.name == mP99.name {
+				fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#333"/>`, float64(left)+s.lo*scale, by+barH/2,
+					float64(left)+s.hi*scale, by+barH/2)
+			}
+			fmt.Fprintf(&b, `<text x="%.1f" y="%d" font-size="10">%.2f</text>`+"\n", float64(left)+max(w, s.hi*scale)+4, by+barH-2, s.med)
+		}
+	}
+	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>`+"\n", left, top-4, left, top+row*len(sr.policies))
+	b.WriteString("</svg>\n")
+	return b.String()
+}
+
+// instanceRatios compares each arm of several instances with the same policy's single instance.
+func instanceRatios(b *strings.Builder, sr seedResults, ms []metric) {
+	fmt.Fprintf(b, "Several instances ÷ one instance of the same policy, seed by seed:\n\n| policy |")
+	for _, m := range ms {
+		b.WriteString(" " + strings.TrimSuffix(m.name, " s") + " |")
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---|", len(ms)) + "\n")
+	for i, name := range sr.policies {
+		single, _, several := strings.Cut(name, " ×")
+		base := sr.find(single)
+		if !several || base == nil {
+			continue
+		}
+		fmt.Fprintf(b, "| %s |", name)
+		for _, m := range ms {
+			fmt.Fprintf(b, " %s |", ratioCell(sr.byPolicy[i], base, m))
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\n")
 }
 
 func workerLabels() []string {
@@ -70,85 +411,4 @@ func workerLabels() []string {
 		l[i] = fmt.Sprintf("%gx", k)
 	}
 	return l
-}
-
-// targets checks the issue's targets at interval 10s: p99 <= 0.6x least_conn and <= 0.5x round_robin,
-// p50 no worse than least_conn.
-func targets(rs []result) string {
-	find := func(name string) *result {
-		for i := range rs {
-			if rs[i].policy.name == name {
-				return &rs[i]
-			}
-		}
-		return nil
-	}
-	lc, rr := find("least_conn"), find("round_robin")
-	if lc == nil || rr == nil {
-		return ""
-	}
-	var b strings.Builder
-	b.WriteString("\nTargets at interval 10s (p99 ≤ 0.6× least_conn, p99 ≤ 0.5× round_robin, p50 ≤ least_conn):\n\n")
-	b.WriteString("| policy | p99 ÷ least_conn | p99 ÷ round_robin | p50 ÷ least_conn | met |\n|---|---:|---:|---:|---|\n")
-	for _, r := range rs {
-		if r.policy.interval != 10*time.Second {
-			continue
-		}
-		a, c, p := ratio(r.p99, lc.p99), ratio(r.p99, rr.p99), ratio(r.p50, lc.p50)
-		met := "yes"
-		if a > 0.6 || c > 0.5 || p > 1 {
-			met = "no"
-		}
-		fmt.Fprintf(&b, "| %s | %.2f | %.2f | %.2f | %s |\n", r.policy.name, a, c, p, met)
-	}
-	return b.String()
-}
-
-func ratio(a, b time.Duration) float64 {
-	if b == 0 {
-		return 0
-	}
-	return a.Seconds() / b.Seconds()
-}
-
-// qualitySVG draws p50, p90 and p99 latency per policy as horizontal bars, by hand, without dependencies.
-func qualitySVG(rs []result) string {
-	const (
-		left, right, top, row, barH = 300, 80, 50, 42, 11
-		width                       = 1000
-	)
-	var maxS float64
-	for _, r := range rs {
-		maxS = max(maxS, r.p99.Seconds())
-	}
-	if maxS == 0 {
-		maxS = 1
-	}
-	height := top + row*len(rs) + 40
-	scale := float64(width-left-right) / maxS
-	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", width, height)
-	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="15" font-weight="bold">End-to-end latency by policy (seconds; shorter is better)</text>`+"\n", 10)
-	colors := []struct{ name, fill string }{{"p50", "#4c9be8"}, {"p90", "#f0a830"}, {"p99", "#d9534f"}}
-	for i, c := range colors {
-		x := width - right - 240 + i*80
-		fmt.Fprintf(&b, `<rect x="%d" y="30" width="12" height="12" fill="%s"/><text x="%d" y="41">%s</text>`+"\n", x, c.fill, x+16, c.name)
-	}
-	for i, r := range rs {
-		y := top + i*row
-		if i%2 == 1 {
-			fmt.Fprintf(&b, `<rect x="0" y="%d" width="%d" height="%d" fill="#f4f4f4"/>`+"\n", y-2, width, row)
-		}
-		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">%s</text>`+"\n", left-8, y+row/2+2, html.EscapeString(r.policy.name))
-		for k, v := range []time.Duration{r.p50, r.p90, r.p99} {
-			w := v.Seconds() * scale
-			by := y + 3 + k*barH
-			fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"/>`, left, by, w, barH-1, colors[k].fill)
-			fmt.Fprintf(&b, `<text x="%.1f" y="%d" font-size="10">%.2f</text>`+"\n", float64(left)+w+4, by+barH-2, v.Seconds())
-		}
-	}
-	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>`+"\n", left, top-4, left, top+row*len(rs))
-	b.WriteString("</svg>\n")
-	return b.String()
 }

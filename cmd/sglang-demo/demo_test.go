@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -86,7 +87,7 @@ func TestPlan(t *testing.T) {
 
 // TestDemo runs the demo the way `make demo` does, with fewer requests and on free loopback ports, and
 // checks its report and that every process it started is gone; then it interrupts a second run in the
-// middle of its burst, as Ctrl-C would. It builds Caddy and runs five processes, so it is skipped under
+// middle of its burst, as Ctrl-C would, and SIGKILLs a third once its children are up. It builds Caddy and runs five processes, so it is skipped under
 // -short (and only then).
 func TestDemo(t *testing.T) {
 	if testing.Short() {
@@ -194,6 +195,135 @@ func TestDemo(t *testing.T) {
 			t.Errorf("no orderly stop after the interrupt")
 		}
 	})
+	// SIGKILL leaves the demo no chance to stop anything: the kernel must take the children down with it
+	// (Pdeathsig, where the system has it).
+	t.Run("killed", func(t *testing.T) {
+		if runtime.GOOS != "linux" {
+			t.Skipf("the children die with a SIGKILLed demo on Linux and FreeBSD; this test reads Linux's /proc, not %s's", runtime.GOOS)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+		defer cancel()
+		cmd, _ := demoCommand(t, ctx, bin, "-requests", "200", "-concurrency", "8")
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		ready, readDone := make(chan struct{}), make(chan struct{})
+		var out strings.Builder
+		go func() {
+			defer close(readDone)
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				out.WriteString(sc.Text() + "\n")
+				if strings.Contains(sc.Text(), "all ready in") {
+					close(ready)
+				}
+			}
+		}()
+		defer func() {
+			_ = cmd.Process.Kill()
+			<-readDone // the pipe ends with the demo: its children write to their log files
+			_ = cmd.Wait()
+			t.Logf("demo output:\n%s%s", &out, &stderr)
+		}()
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+			t.Fatalf("the demo never got ready; stderr:\n%s", &stderr)
+		}
+		children := childrenOf(t, cmd.Process.Pid)
+		if len(children) != workers+1 {
+			t.Fatalf("the ready demo has %d children %v, want %d workers and Caddy", len(children), children, workers)
+		}
+		if err := cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var alive []procStat
+			for _, c := range children {
+				if c.alive() {
+					alive = append(alive, c)
+				}
+			}
+			if len(alive) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				for _, c := range alive {
+					if p, err := os.FindProcess(c.pid); err == nil {
+						_ = p.Kill() // do not leave them to the next test
+					}
+				}
+				t.Fatalf("10s after the demo was killed, its children %v still run", alive)
+			}
+			time.Sleep(20 * time.Millisecond) // polling the process table: there is nothing to wait on
+		}
+		assertNoSurvivors(t, bin)
+	})
+}
+
+// procStat is a process as /proc/<pid>/stat shows it. The start time tells a reused pid apart.
+type procStat struct {
+	pid, ppid int
+	state     byte
+	start     string // field 22, in clock ticks since boot
+}
+
+// readProcStat reads /proc/<pid>/stat; ok is false when the process is gone.
+func readProcStat(pid int) (st procStat, ok bool) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return st, false
+	}
+	// "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after its last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return st, false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return st, false
+	}
+	st.pid = pid
+	st.state = f[0][0]
+	st.ppid, _ = strconv.Atoi(f[1])
+	st.start = f[19]
+	return st, true
+}
+
+// alive reports whether the process still runs: not exited, not a zombie awaiting its reaper, and not
+// a newer process that got the same pid.
+func (p procStat) alive() bool {
+	now, ok := readProcStat(p.pid)
+	return ok && now.start == p.start && now.state != 'Z' && now.state != 'X'
+}
+
+// childrenOf lists the processes whose parent is pid.
+func childrenOf(t *testing.T, pid int) []procStat {
+	t.Helper()
+	dirs, err := filepath.Glob("/proc/[0-9]*")
+	if err != nil || len(dirs) == 0 {
+		t.Fatalf("no /proc: %v", err)
+	}
+	var out []procStat
+	for _, d := range dirs {
+		p, err := strconv.Atoi(filepath.Base(d))
+		if err != nil {
+			continue
+		}
+		if st, ok := readProcStat(p); ok && st.ppid == pid {
+			out = append(out, st)
+		}
+	}
+	return out
 }
 
 // demoCommand returns the demo on free ports with the binaries in bin, and the temp dir it uses. Caddy's

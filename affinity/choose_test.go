@@ -1,0 +1,313 @@
+package affinity
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// fleet is a set of candidates priced as the cost model prices them, in a simplified form: the
+// queue ahead, then this request's uncached prefill.
+type fleet struct {
+	workers  []Worker
+	inflight []float64
+	queue    []float64 // seconds of work queued ahead
+	down     []bool
+	prompt   int64
+	prefill  float64 // tokens per second
+}
+
+func newFleet(x *Index, n int) *fleet {
+	f := &fleet{inflight: make([]float64, n), queue: make([]float64, n), down: make([]bool, n), prompt: 4096, prefill: 8192}
+	for i := range n {
+		f.workers = append(f.workers, x.Worker(fmt.Sprintf("10.0.0.%d:30000", i+1)))
+	}
+	return f
+}
+
+func (f *fleet) Len() int            { return len(f.workers) }
+func (f *fleet) Worker(i int) Worker { return f.workers[i] }
+func (f *fleet) Load(i int) float64  { return f.inflight[i] }
+func (f *fleet) Cost(i int, cached int64) (float64, bool) {
+	if f.down[i] {
+		return 0, false
+	}
+	return f.queue[i] + float64(f.prompt-cached)/f.prefill, true
+}
+
+func prefixKey(id uint64, blocks int) Key {
+	b := make([]uint64, blocks)
+	for i := range b {
+		b[i] = rendezvous(rendezvous(id, 0x5eed), uint64(i)+1) // distinct, well spread
+	}
+	return Key{Blocks: b, BlockTokens: BlockTokens, PromptTokens: 4096}
+}
+
+func TestChooseFollowsTheHolder(t *testing.T) {
+	x := NewIndex(0)
+	f := newFleet(x, 4)
+	key := prefixKey(1, 32)
+	first := x.Choose(key, f, 0)
+	if first.Index < 0 || first.Outcome != Followed || first.CachedTokens != 32*BlockTokens {
+		t.Fatalf("new prefix: %+v; want the rendezvous worker, presumed to hold all 32 blocks", first)
+	}
+	x.Record(key.Blocks, f.workers[first.Index])
+	for i := range f.queue { // the holder is a little busier than the rest
+		f.queue[i] = 0.1
+	}
+	f.queue[first.Index] = 0.2
+	again := x.Choose(key, f, 0)
+	if again.Index != first.Index || again.Outcome != Followed {
+		t.Fatalf("same prefix: %+v, want %d followed", again, first.Index)
+	}
+	capped := prefixKey(99, 32)
+	capped.PresumedBlocks = 2
+	if got := x.Choose(capped, f, 0); got.Outcome != Followed || got.CachedTokens != 2*BlockTokens {
+		t.Fatalf("a new prefix, 2 blocks presumed: %+v, want %d tokens credited", got, 2*BlockTokens)
+	}
+}
+
+func TestChooseSwampedHolderLosesToIdle(t *testing.T) {
+	x := NewIndex(0)
+	f := newFleet(x, 4)
+	key := Key{Blocks: prefixKey(2, 64).Blocks, BlockTokens: BlockTokens, PromptTokens: 4096}
+	holder := x.Choose(key, f, 0).Index
+	x.Record(key.Blocks, f.workers[holder])
+	f.queue[holder] = 5 // the prefill it saves is 0.5 s
+	got := x.Choose(key, f, 0)
+	if got.Index == holder || got.Index < 0 || got.Outcome != Yielded || got.CachedTokens != 0 {
+		t.Fatalf("swamped holder: %+v; want another worker, yielded", got)
+	}
+}
+
+func TestChooseNeverPicksUnavailable(t *testing.T) {
+	x := NewIndex(0)
+	rng := rand.New(rand.NewPCG(7, 8))
+	f := newFleet(x, 8)
+	for round := range 2000 {
+		for i := range f.down {
+			f.down[i] = rng.IntN(3) == 0
+			f.queue[i] = rng.Float64()
+			f.inflight[i] = float64(rng.IntN(10))
+		}
+		key := prefixKey(uint64(rng.IntN(20)), 1+rng.IntN(10))
+		if round%2 == 0 {
+			key = Key{}
+		}
+		got := x.Choose(key, f, 0)
+		allDown := true
+		for _, d := range f.down {
+			allDown = allDown && d
+		}
+		switch {
+		case allDown && got.Index != -1:
+			t.Fatalf("round %d: all down, chose %d", round, got.Index)
+		case !allDown && (got.Index < 0 || f.down[got.Index]):
+			t.Fatalf("round %d: chose %d, down %v", round, got.Index, f.down)
+		}
+		if got.Index >= 0 {
+			x.Record(key.Blocks, f.workers[got.Index])
+		}
+	}
+}
+
+// TestChooseBoundHoldsUnderZipf routes a skewed key mix over a fleet whose requests finish at random:
+// no choice through affinity may take a worker over the bound, and the hottest key must spread.
+func TestChooseBoundHoldsUnderZipf(t *testing.T) {
+	const n, requests, factor = 8, 20000, 1.25
+	x := NewIndex(0)
+	f := newFleet(x, n)
+	rng := rand.New(rand.NewPCG(9, 10))
+	zipf := rand.NewZipf(rand.New(rand.NewPCG(11, 12)), 1.2, 1, 999)
+	var running [][2]int // worker, requests left to live
+	hot := map[int]int{}
+	for r := range requests {
+		// Requests finish at random: a busy proxy keeps about 8 per worker in flight.
+		for i := 0; i < len(running); {
+			if running[i][1]--; running[i][1] <= 0 {
+				f.inflight[running[i][0]]--
+				running[i] = running[len(running)-1]
+				running = running[:len(running)-1]
+				continue
+			}
+			i++
+		}
+		k := zipf.Uint64()
+		key := prefixKey(k, 16)
+		var total float64
+		for _, l := range f.inflight {
+			total += l
+		}
+		bound := math.Ceil(factor * (total + 1) / n)
+		got := x.Choose(key, f, factor)
+		if got.Index < 0 {
+			t.Fatal("no choice")
+		}
+		if got.Outcome == Followed && f.inflight[got.Index]+1 > bound {
+			t.Fatalf("request %d: followed the key to a worker with %v in flight, bound %v", r, f.inflight[got.Index], bound)
+		}
+		x.Record(key.Blocks, f.workers[got.Index])
+		f.inflight[got.Index]++
+		running = append(running, [2]int{got.Index, 1 + rng.IntN(2*n*8)})
+		if k == 0 {
+			hot[got.Index]++
+		}
+	}
+	if len(hot) < 2 {
+		t.Fatalf("the hottest key went to %d worker(s): %v; it must spill", len(hot), hot)
+	}
+	t.Logf("hottest key's requests by worker: %v", hot)
+}
+
+func TestChooseHotPrefixSpillsInRendezvousOrder(t *testing.T) {
+	x := NewIndex(0)
+	f := newFleet(x, 6)
+	key := prefixKey(3, 8)
+	rkey := key.Blocks[RendezvousBlocks-1]
+	order := make([]int, 0, 6)
+	for range 6 { // the rendezvous order, by hand
+		best := -1
+		for i, w := range f.workers {
+			if !contains(order, i) && (best < 0 || rendezvous(rkey, w.Hash) > rendezvous(rkey, f.workers[best].Hash)) {
+				best = i
+			}
+		}
+		order = append(order, best)
+	}
+	// The first worker is at the bound; nobody has the key yet: it goes to the second in order.
+	f.inflight[order[0]] = 3
+	got := x.Choose(key, f, 1.25)
+	if got.Index != order[1] || got.Outcome != Followed {
+		t.Fatalf("chose %+v, want the second in rendezvous order %d (order %v)", got, order[1], order)
+	}
+}
+
+func contains(s []int, v int) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// TestChoosersAgree runs three choosers that share nothing, as three Caddy instances would be, each
+// listing the upstreams in its own order: without an index they choose the same worker for every
+// request. With an index each learns only from the requests it served; they agree on every key none
+// of them has seen, and the log shows how often they agree overall (a disagreement is between two
+// workers that both got the prefix).
+func TestChoosersAgree(t *testing.T) {
+	const n, requests = 8, 3000
+	for _, indexed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("index=%t", indexed), func(t *testing.T) {
+			var xs [3]*Index
+			var fs [3]*fleet
+			var perms [3][]int // perms[j][i]: replica j's candidate for fleet worker i
+			for j := range xs {
+				if indexed {
+					xs[j] = NewIndex(0)
+				}
+				fs[j] = newFleet(xs[j], n)
+				perms[j] = rand.New(rand.NewPCG(uint64(j), 1)).Perm(n)
+				workers := make([]Worker, n)
+				for i, p := range perms[j] {
+					workers[p] = fs[j].workers[i]
+				}
+				fs[j].workers = workers
+			}
+			rng := rand.New(rand.NewPCG(13, 14))
+			agreed := 0
+			seen := map[uint64]bool{}
+			for r := range requests {
+				for i := range n {
+					q, l := rng.Float64()*0.2, float64(rng.IntN(6))
+					for j, f := range fs {
+						f.queue[perms[j][i]], f.inflight[perms[j][i]] = q, l
+					}
+				}
+				id := uint64(rng.IntN(2000))
+				key := prefixKey(id, 1+rng.IntN(24))
+				var chosen [3]uint64 // by worker name's hash
+				for j := range xs {
+					c := xs[j].Choose(key, fs[j], 0)
+					chosen[j] = fs[j].workers[c.Index].Hash
+				}
+				same := chosen[0] == chosen[1] && chosen[1] == chosen[2]
+				if same {
+					agreed++
+				} else if !indexed || !seen[id] {
+					t.Fatalf("request %d (key seen before: %t): choices differ: %x", r, seen[id], chosen)
+				}
+				seen[id] = true
+				who := rng.IntN(3) // only the instance that served the request learns from it
+				c := xs[who].Choose(key, fs[who], 0)
+				xs[who].Record(key.Blocks, fs[who].workers[c.Index])
+			}
+			t.Logf("agreed on %d of %d requests", agreed, requests)
+		})
+	}
+}
+
+func TestChooseNoKey(t *testing.T) {
+	x := NewIndex(0)
+	f := newFleet(x, 4)
+	f.queue = []float64{0.3, 0.1, 0.2, 0.4}
+	if got := x.Choose(Key{}, f, 0); got.Index != 1 || got.Outcome != NoKey || got.CachedTokens != 0 {
+		t.Fatalf("no key: %+v, want the cheapest (1), no_key", got)
+	}
+}
+
+func TestChooseSessionKey(t *testing.T) {
+	x := NewIndex(0)
+	f := newFleet(x, 4)
+	key := Key{Blocks: HeaderKey("session-42", make([]uint64, 0, 1)), BlockTokens: 4096, PromptTokens: 4096}
+	first := x.Choose(key, f, 0)
+	x.Record(key.Blocks, f.workers[first.Index])
+	f.queue[first.Index] = 0.3 // busier, but less than the prompt's prefill (0.5 s)
+	if got := x.Choose(key, f, 0); got.Index != first.Index || got.CachedTokens != 4096 {
+		t.Fatalf("session: %+v, want %d with the whole prompt cached", got, first.Index)
+	}
+}
+
+// BenchmarkChoose prices a choice and its Record with 64-block (16 KiB) keys: "hit" repeats 256
+// prefixes the index holds, "new" sends prefixes never seen (the index full, evicting), "nokey" is
+// the same candidates on cost alone, the yardstick.
+func BenchmarkChoose(b *testing.B) {
+	fresh := make([]Key, 8192) // 524,288 blocks: more than the index holds, so each round is new
+	for i := range fresh {
+		fresh[i] = prefixKey(uint64(1e6+i), MaxBlocks)
+	}
+	for _, n := range []int{4, 64} {
+		x := NewIndex(0)
+		f := newFleet(x, n)
+		for i := range n {
+			f.queue[i] = float64(i%5) * 0.01
+		}
+		for _, key := range fresh { // fill the index: "new" measures it evicting, not growing
+			x.Record(key.Blocks, f.workers[x.Choose(key, f, 0).Index])
+		}
+		keys := make([]Key, 256)
+		for i := range keys {
+			keys[i] = prefixKey(uint64(i), MaxBlocks)
+			x.Record(keys[i].Blocks, f.workers[x.Choose(keys[i], f, 0).Index])
+		}
+		for _, bc := range []struct {
+			name string
+			keys []Key
+		}{{"hit", keys}, {"new", fresh}, {"nokey", []Key{{}}}} {
+			b.Run(fmt.Sprintf("%s-%d", bc.name, n), func(b *testing.B) {
+				b.ReportAllocs()
+				cpu := startCPU()
+				i := 0
+				for b.Loop() {
+					key := bc.keys[i%len(bc.keys)]
+					c := x.Choose(key, f, 0)
+					x.Record(key.Blocks, f.workers[c.Index])
+					i++
+				}
+				cpu.report(b)
+			})
+		}
+	}
+}

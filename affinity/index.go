@@ -1,0 +1,368 @@
+package affinity
+
+import (
+	"sync"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// DefaultMaxBytes is the index's default memory cap: 16 MiB, 393,216 blocks (96 MiB of prompt text
+// at BlockBytes a block).
+const DefaultMaxBytes = 16 << 20
+
+// Holders is how many workers an index entry remembers per block, the most recent first. A prefix
+// hot enough to spill over more workers is still found on the four that had it last.
+const Holders = 4
+
+// A block takes 32 bytes in its shard's entries and, at most three quarters full, 8/0.75 bytes of
+// its hash table.
+const (
+	entrySize = 32
+	slotSize  = 8
+)
+
+const shardCount = 16
+
+// Worker is a worker as the index and the rendezvous order know it. Make one per upstream with
+// Index.Worker and keep it: the zero Worker is no worker.
+type Worker struct {
+	// ID is the worker's number in this index, from 1.
+	ID uint32
+	// Hash is the hash of the worker's name, the same in every process: the rendezvous order.
+	Hash uint64
+}
+
+// Index remembers which workers recently received which blocks, within a memory cap, evicting the
+// least recently used block first. It is safe for concurrent use; each block's lookup takes the lock
+// of one of 16 shards.
+type Index struct {
+	shards [shardCount]shard
+
+	mu      sync.Mutex
+	workers map[string]uint32
+}
+
+// NewIndex makes an index that uses at most about maxBytes (DefaultMaxBytes when <= 0).
+func NewIndex(maxBytes int) *Index {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxBytes
+	}
+	// The largest table whose slots and three quarters as many entries fit a shard's share.
+	slots := 4
+	for (2*slots)*slotSize+(2*slots)*3/4*entrySize <= maxBytes/shardCount {
+		slots *= 2
+	}
+	x := &Index{workers: make(map[string]uint32)}
+	for i := range x.shards {
+		x.shards[i].init(slots)
+	}
+	return x
+}
+
+// Worker returns the worker for a name (an upstream's dial address): the same Hash in every process,
+// and an ID of its own in this index.
+func (x *Index) Worker(name string) Worker {
+	if x == nil {
+		return Worker{ID: 1, Hash: xxhash.Sum64String(name)} // a nil index tells workers apart by Hash alone
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	id, ok := x.workers[name]
+	if !ok {
+		id = uint32(len(x.workers) + 1)
+		x.workers[name] = id
+	}
+	return Worker{ID: id, Hash: xxhash.Sum64String(name)}
+}
+
+func (x *Index) shard(block uint64) *shard { return &x.shards[block>>60] }
+
+// Record notes that w received the blocks. Only the blocks w did not hold are written, deepest first,
+// and the first block is touched: the first block of a prefix is its most recently used, and eviction
+// takes a prefix's blocks from the end of what each request added. On a nil Index it does nothing.
+func (x *Index) Record(blocks []uint64, w Worker) {
+	if x == nil || w.ID == 0 || len(blocks) == 0 {
+		return
+	}
+	held := x.depth(blocks, w.ID)
+	for i := len(blocks) - 1; i >= held; i-- {
+		x.record(blocks[i], w.ID)
+	}
+	if held > 0 {
+		x.record(blocks[0], w.ID)
+	}
+}
+
+func (x *Index) record(block uint64, id uint32) {
+	s := x.shard(block)
+	s.mu.Lock()
+	s.record(block, id)
+	s.mu.Unlock()
+}
+
+// Match returns how many leading blocks w holds.
+func (x *Index) Match(blocks []uint64, w Worker) int {
+	if x == nil || w.ID == 0 {
+		return 0
+	}
+	return x.depth(blocks, w.ID)
+}
+
+// depth returns how many leading blocks id holds: one past the deepest block it holds, since a chained
+// block stands for its whole prefix (a worker that got block k got blocks 0 to k, whatever the index
+// has evicted of them since). It probes from the end at doubling distances, then bisects between the
+// last miss and the first hit: one lookup for a key sent again whole, a few for a longer one.
+func (x *Index) depth(blocks []uint64, id uint32) int {
+	miss := len(blocks) // blocks[miss] is not held; len(blocks): past the end
+	for step := 1; ; step *= 2 {
+		hit := max(len(blocks)-step, 0)
+		if hit >= miss {
+			return 0
+		}
+		if !x.holds(blocks[hit], id) {
+			miss = hit
+			continue
+		}
+		for miss-hit > 1 {
+			mid := int(uint(hit+miss) >> 1)
+			if x.holds(blocks[mid], id) {
+				hit = mid
+			} else {
+				miss = mid
+			}
+		}
+		return hit + 1
+	}
+}
+
+func (x *Index) holds(block uint64, id uint32) bool {
+	s := x.shard(block)
+	s.mu.Lock()
+	e, ok := s.lookup(block)
+	held := ok && e.holds(id)
+	s.mu.Unlock()
+	return held
+}
+
+// firstHolders returns the workers that hold the first block, the most recent first.
+func (x *Index) firstHolders(blocks []uint64) (ids [Holders]uint32) {
+	if len(blocks) == 0 {
+		return ids
+	}
+	s := x.shard(blocks[0])
+	s.mu.Lock()
+	if e, ok := s.lookup(blocks[0]); ok {
+		ids = e.holders
+	}
+	s.mu.Unlock()
+	return ids
+}
+
+// Blocks returns how many blocks the index holds for w, for the admin view.
+func (x *Index) Blocks(w Worker) int64 {
+	var n int64
+	for i := range x.shards {
+		s := &x.shards[i]
+		s.mu.Lock()
+		if int(w.ID) < len(s.perWorker) {
+			n += s.perWorker[w.ID]
+		}
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// Len returns how many blocks the index holds.
+func (x *Index) Len() int {
+	n := 0
+	for i := range x.shards {
+		s := &x.shards[i]
+		s.mu.Lock()
+		n += len(s.entries)
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// entry is one block. Entries live in their shard's slice and link into its LRU list by position,
+// so the index holds no pointers for the garbage collector to trace.
+type entry struct {
+	hash       uint64
+	holders    [Holders]uint32 // most recent first; 0 is free
+	prev, next int32
+}
+
+func (e *entry) holds(id uint32) bool {
+	for _, h := range e.holders {
+		if h == id {
+			return true
+		}
+	}
+	return false
+}
+
+// shard is an LRU set of entries found through an open-addressing hash table (linear probing,
+// deletion by backward shift, so no tombstones lengthen the probes as entries come and go). A slot holds
+// the entry's position + 1 in the low 32 bits (0: empty) and the low 32 bits of its hash above: its
+// home slot, and enough of the hash that a probe rarely reads an entry that is not the one sought.
+type shard struct {
+	mu        sync.Mutex
+	slots     []uint64
+	maxSlots  int
+	entries   []entry
+	head      int32   // most recently used, -1 when empty
+	perWorker []int64 // blocks held, by worker ID
+}
+
+func (s *shard) init(maxSlots int) {
+	s.maxSlots = maxSlots
+	s.slots = make([]uint64, min(256, maxSlots))
+	s.head = -1
+}
+
+func (s *shard) limit() int { return s.maxSlots * 3 / 4 }
+
+func tag(hash uint64) uint64 { return hash << 32 }
+
+// find returns the slot of hash, or the empty slot where it would go.
+func (s *shard) find(hash uint64) (slot int, found bool) {
+	mask := len(s.slots) - 1
+	t := tag(hash)
+	for i := int(hash) & mask; ; i = (i + 1) & mask {
+		v := s.slots[i]
+		if v == 0 {
+			return i, false
+		}
+		if v&^(1<<32-1) == t && s.entries[uint32(v)-1].hash == hash {
+			return i, true
+		}
+	}
+}
+
+func (s *shard) lookup(hash uint64) (*entry, bool) {
+	i, ok := s.find(hash)
+	if !ok {
+		return nil, false
+	}
+	return &s.entries[uint32(s.slots[i])-1], true
+}
+
+func (s *shard) record(hash uint64, id uint32) {
+	slot, ok := s.find(hash)
+	var i int32
+	if ok {
+		if i = int32(uint32(s.slots[slot]) - 1); i != s.head {
+			s.unlink(i)
+			s.pushFront(i)
+		}
+	} else {
+		i = s.claim()
+		s.entries[i] = entry{hash: hash}
+		s.pushFront(i)
+		s.insert(hash, i)
+	}
+	e := &s.entries[i]
+	pos := Holders - 1 // where id is, or the oldest holder it pushes out
+	for j, h := range e.holders {
+		if h == id {
+			pos = j
+			break
+		}
+	}
+	if e.holders[pos] != id {
+		if old := e.holders[pos]; old != 0 {
+			s.count(old, -1)
+		}
+		s.count(id, 1)
+	}
+	copy(e.holders[1:pos+1], e.holders[:pos])
+	e.holders[0] = id
+}
+
+func (s *shard) insert(hash uint64, i int32) {
+	if len(s.entries) > len(s.slots)*3/4 {
+		s.grow()
+	}
+	slot, _ := s.find(hash)
+	s.slots[slot] = tag(hash) | uint64(i+1)
+}
+
+// grow doubles the table and puts every entry back.
+func (s *shard) grow() {
+	s.slots = make([]uint64, 2*len(s.slots))
+	for i := range s.entries {
+		slot, _ := s.find(s.entries[i].hash)
+		s.slots[slot] = tag(s.entries[i].hash) | uint64(i+1)
+	}
+}
+
+// remove empties slot i, shifting back the entries after it that probed past it.
+func (s *shard) remove(i int) {
+	mask := len(s.slots) - 1
+	for j := (i + 1) & mask; s.slots[j] != 0; j = (j + 1) & mask {
+		home := int(s.slots[j]>>32) & mask
+		// The entry at j may fill i unless its home lies cyclically in (i, j].
+		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
+			s.slots[i] = s.slots[j]
+			i = j
+		}
+	}
+	s.slots[i] = 0
+}
+
+// claim returns a free entry: a new one under the limit, else the least recently used one's.
+func (s *shard) claim() int32 {
+	if len(s.entries) < s.limit() {
+		if len(s.entries) == cap(s.entries) { // grow by doubling, never past the limit
+			grown := make([]entry, len(s.entries), min(max(2*cap(s.entries), 64), s.limit()))
+			copy(grown, s.entries)
+			s.entries = grown
+		}
+		s.entries = append(s.entries, entry{})
+		return int32(len(s.entries) - 1)
+	}
+	tail := s.entries[s.head].prev
+	e := &s.entries[tail]
+	for _, h := range e.holders {
+		if h != 0 {
+			s.count(h, -1)
+		}
+	}
+	slot, _ := s.find(e.hash)
+	s.remove(slot)
+	s.unlink(tail)
+	return tail
+}
+
+func (s *shard) count(id uint32, d int64) {
+	for int(id) >= len(s.perWorker) {
+		s.perWorker = append(s.perWorker, 0)
+	}
+	s.perWorker[id] += d
+}
+
+func (s *shard) pushFront(i int32) {
+	e := &s.entries[i]
+	if s.head < 0 {
+		e.prev, e.next = i, i
+	} else {
+		h := &s.entries[s.head]
+		e.next, e.prev = s.head, h.prev
+		s.entries[h.prev].next = i
+		h.prev = i
+	}
+	s.head = i
+}
+
+func (s *shard) unlink(i int32) {
+	e := &s.entries[i]
+	if e.next == i {
+		s.head = -1
+		return
+	}
+	s.entries[e.prev].next = e.next
+	s.entries[e.next].prev = e.prev
+	if s.head == i {
+		s.head = e.next
+	}
+}

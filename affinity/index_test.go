@@ -1,0 +1,223 @@
+package affinity
+
+import (
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"testing"
+)
+
+// inShard makes block hashes that all fall in shard 0, so a test knows the shard's capacity.
+func inShard(n int, salt uint64) []uint64 {
+	b := make([]uint64, n)
+	for i := range b {
+		b[i] = (salt<<32 | uint64(i+1)) & (1<<60 - 1)
+	}
+	return b
+}
+
+func TestIndexRecordMatch(t *testing.T) {
+	x := NewIndex(0)
+	a, b := x.Worker("10.0.0.1:30000"), x.Worker("10.0.0.2:30000")
+	if a.ID == b.ID || a.Hash == b.Hash || x.Worker("10.0.0.1:30000") != a {
+		t.Fatalf("workers %+v %+v: want distinct, stable", a, b)
+	}
+	key := []uint64{11, 22, 33, 44}
+	x.Record(key[:3], a)
+	if got := x.Match(key, a); got != 3 {
+		t.Fatalf("match %d, want 3", got)
+	}
+	if got := x.Match(key, b); got != 0 {
+		t.Fatalf("match for a worker that never had it: %d", got)
+	}
+	if got := x.Match([]uint64{11, 99, 98}, a); got != 1 {
+		t.Fatalf("match stops at the first miss: %d, want 1", got)
+	}
+	if got := x.Match(key, Worker{}); got != 0 {
+		t.Fatalf("the zero worker matches %d", got)
+	}
+	x.Record(key, b)
+	if ids := x.firstHolders(key); ids[0] != b.ID || ids[1] != a.ID || x.Match(key, b) != 4 || x.Match(key, a) != 3 {
+		t.Fatalf("holders %v, matches %d and %d: want b (4 blocks) then a (3)", ids, x.Match(key, b), x.Match(key, a))
+	}
+	if x.Blocks(a) != 3 || x.Blocks(b) != 4 || x.Len() != 4 {
+		t.Fatalf("blocks a %d b %d, len %d; want 3, 4, 4", x.Blocks(a), x.Blocks(b), x.Len())
+	}
+}
+
+func TestIndexKeepsTheRecentHolders(t *testing.T) {
+	x := NewIndex(0)
+	var ws []Worker
+	for i := range Holders + 2 {
+		ws = append(ws, x.Worker(string(rune('a'+i))))
+	}
+	block := []uint64{7}
+	for _, w := range ws {
+		x.Record(block, w)
+	}
+	x.Record(block, ws[3]) // again: moves to the front, pushes nobody out
+	ids := x.firstHolders(block)
+	want := [Holders]uint32{ws[3].ID, ws[5].ID, ws[4].ID, ws[2].ID}
+	if ids != want {
+		t.Fatalf("holders %v, want %v", ids, want)
+	}
+	for i, w := range ws {
+		want := int64(1)
+		if i < 2 { // pushed out
+			want = 0
+		}
+		if held := x.Blocks(w); held != want {
+			t.Errorf("worker %d holds %d blocks, want %d", i, held, want)
+		}
+	}
+}
+
+func TestIndexEvictsLeastRecentlyUsed(t *testing.T) {
+	x := NewIndex(64 << 10)
+	perShard := x.shards[0].limit()
+	w := x.Worker("w")
+	old := inShard(perShard, 1)
+	for _, b := range old { // one by one: each its own prefix
+		x.Record([]uint64{b}, w)
+	}
+	for _, b := range old[:10] { // used again: now the most recent
+		x.Record([]uint64{b}, w)
+	}
+	fresh := inShard(perShard-10, 2)
+	for _, b := range fresh {
+		x.Record([]uint64{b}, w)
+	}
+	for i, b := range old {
+		if got, want := x.Match([]uint64{b}, w), btoi(i < 10); got != want {
+			t.Fatalf("old block %d: match %d, want %d (only the 10 used again survive)", i, got, want)
+		}
+	}
+	for i, b := range fresh {
+		if x.Match([]uint64{b}, w) != 1 {
+			t.Fatalf("fresh block %d evicted", i)
+		}
+	}
+	if x.Len() != perShard || x.Blocks(w) != int64(perShard) {
+		t.Fatalf("len %d, worker blocks %d; want the shard's capacity %d", x.Len(), x.Blocks(w), perShard)
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestIndexEvictsFromThePrefixEnd fills a shard with long prefixes: what survives of each is a prefix.
+func TestIndexEvictsFromThePrefixEnd(t *testing.T) {
+	x := NewIndex(64 << 10)
+	w := x.Worker("w")
+	perShard := x.shards[0].limit()
+	var keys [][]uint64
+	for k := range 3 * perShard / 16 {
+		key := inShard(16, uint64(k+1))
+		keys = append(keys, key)
+		x.Record(key, w)
+	}
+	for k, key := range keys {
+		d := x.Match(key, w)
+		for i, b := range key {
+			if held := x.Match([]uint64{b}, w) == 1; held != (i < d) {
+				t.Fatalf("key %d: depth %d, but block %d held %t", k, d, i, held)
+			}
+		}
+	}
+	if d := x.Match(keys[len(keys)-1], w); d != 16 {
+		t.Fatalf("the newest key has depth %d, want 16", d)
+	}
+}
+
+// TestIndexConversationKeepsItsDepth records a conversation's first turn, then its second, which
+// extends it, and evicts blocks one by one: a deeper block held means the worker got the whole prefix
+// up to it, whichever earlier blocks the index has dropped.
+func TestIndexConversationKeepsItsDepth(t *testing.T) {
+	x := NewIndex(64 << 10)
+	w := x.Worker("w")
+	limit := x.shards[0].limit()
+	key := inShard(20, 1)
+	x.Record(key[:10], w)
+	x.Record(key[:20], w) // LRU now, newest first: 0, 10..19, 1..9
+	filler := inShard(limit, 2)
+	evict := func(n int) {
+		for _, b := range filler[:n] {
+			x.Record([]uint64{b}, w)
+		}
+		filler = filler[n:]
+	}
+	evict(limit - 20 + 9) // fills the shard and evicts 9..1
+	if d := x.Match(key, w); d != 20 {
+		t.Fatalf("turn 1's blocks evicted: depth %d, want 20", d)
+	}
+	evict(5) // 19..15
+	if d := x.Match(key, w); d != 15 {
+		t.Fatalf("the end of turn 2 evicted: depth %d, want 15", d)
+	}
+	if d := x.Match(key[:12], w); d != 12 {
+		t.Fatalf("a shorter key: depth %d, want 12", d)
+	}
+}
+
+func TestIndexMemory(t *testing.T) {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	x := NewIndex(DefaultMaxBytes)
+	rng := rand.New(rand.NewPCG(3, 4))
+	w := []Worker{x.Worker("a"), x.Worker("b")}
+	blocks := make([]uint64, 64)
+	capacity := shardCount * x.shards[0].limit()
+	for range capacity * 5 / 4 / len(blocks) { // a quarter over: evicting
+		for i := range blocks {
+			blocks[i] = rng.Uint64()
+		}
+		x.Record(blocks, w[rng.IntN(2)])
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	used := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("%d blocks in %.1f MiB: %.0f bytes each", x.Len(), float64(used)/(1<<20), float64(used)/float64(x.Len()))
+	if used > DefaultMaxBytes*21/20 {
+		t.Fatalf("index uses %d bytes, cap %d", used, DefaultMaxBytes)
+	}
+	if x.Len() != capacity {
+		t.Fatalf("index holds %d blocks, want %d", x.Len(), capacity)
+	}
+	runtime.KeepAlive(x)
+}
+
+func TestIndexConcurrent(t *testing.T) {
+	x := NewIndex(1 << 20)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			w := x.Worker(string(rune('a' + g)))
+			rng := rand.New(rand.NewPCG(uint64(g), 5))
+			key := make([]uint64, 16)
+			for range 2000 {
+				for i := range key {
+					key[i] = rng.Uint64N(5000) * 0x9e3779b97f4a7c15
+				}
+				x.Record(key, w)
+				if x.Match(key, w) == 0 {
+					t.Error("a key just recorded does not match")
+					return
+				}
+				x.firstHolders(key)
+			}
+		})
+	}
+	wg.Wait()
+	var sum int64
+	for g := range 4 {
+		sum += x.Blocks(x.Worker(string(rune('a' + g))))
+	}
+	if sum == 0 || sum > int64(x.Len())*Holders {
+		t.Fatalf("per-worker blocks sum to %d for %d entries", sum, x.Len())
+	}
+}

@@ -1,0 +1,262 @@
+package caddymodule
+
+import (
+	"cmp"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/caddy-sglang/caddy-sglang/affinity"
+	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
+)
+
+// Affinity modes.
+const (
+	affinityPrefix = "prefix"
+	affinityHeader = "header"
+)
+
+// requestState is what the policy reads of one request, once: kept in the request's variables, so that
+// a retry, whose body may be spent, is priced and keyed alike. One allocation holds all of it.
+type requestState struct {
+	size   loadpolicy.Request
+	body   affinity.Request
+	blocks [affinity.MaxBlocks]uint64
+	key    affinity.Key
+	cands  affinityCandidates
+}
+
+// requestStateVar names the request variable that holds the request's *requestState.
+const requestStateVar = "sglang_load.request"
+
+// readRequest sizes r, and keys it when affinity is on: from the head of its body where the policy
+// reads it (see read_body), else the prompt from Content-Length and the output from default_max_tokens.
+// It returns nil, allocating nothing, when there is nothing to read and no key to take.
+func (p *Policy) readRequest(r *http.Request) *requestState {
+	limit := cmp.Or(p.ReadBody, defaultReadBody)
+	readBody := limit > 0 && r.Method == http.MethodPost && affinity.ShapeOf(r.URL.Path) != affinity.ShapeNone
+	if !readBody && p.affinityIndex == nil {
+		return nil
+	}
+	if st, ok := caddyhttp.GetVar(r.Context(), requestStateVar).(*requestState); ok {
+		return st
+	}
+	st := new(requestState)
+	st.size = loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
+	if readBody {
+		head, complete := affinity.ReadHead(r, limit, nil)
+		st.body.Blocks = st.blocks[:0]
+		if p.Affinity != affinityPrefix {
+			st.body.Blocks = st.blocks[:0:0] // only a prefix key needs the blocks
+		}
+		affinity.Parse(r.URL.Path, head, complete, r.ContentLength, &st.body)
+		if st.body.PromptTokens > 0 {
+			st.size.PromptTokens = st.body.PromptTokens
+		}
+		if st.body.DeclaredPromptTokens > 0 {
+			st.size.PromptTokens = st.body.DeclaredPromptTokens
+		}
+		if st.body.MaxTokens > 0 {
+			st.size.OutputTokens = st.body.MaxTokens
+		}
+	}
+	switch p.Affinity {
+	case affinityPrefix:
+		st.key = affinity.Key{Blocks: st.body.Blocks, BlockTokens: affinity.BlockTokens, PromptTokens: st.size.PromptTokens}
+	case affinityHeader:
+		// A session's earlier turns are cached where it went: all of this prompt but its new message,
+		// which the model cannot know, so the whole prompt is credited.
+		blocks := affinity.HeaderKey(r.Header.Get(p.AffinityHeader), st.blocks[:0])
+		st.key = affinity.Key{Blocks: blocks, BlockTokens: st.size.PromptTokens, PromptTokens: st.size.PromptTokens}
+	}
+	caddyhttp.SetVar(r.Context(), requestStateVar, st)
+	return st
+}
+
+// selectByAffinity is Select with affinity on: each available upstream is priced by the cost model with
+// the request's tokens cached there taken off its prefill, within the balance bound.
+func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	st := p.readRequest(r)
+	c := &st.cands
+	*c = affinityCandidates{p: p, pool: pool, eps: *p.endpoints.Load(), byIndex: p.index.Load().of(pool),
+		now: clock.Now(), size: st.size, params: p.costs}
+	c.params.MeanOutputTokens = math.Float64frombits(p.meanOut.Load())
+	c.weighLoads()
+	choice := p.affinityIndex.Choose(st.key, c, p.AffinityBalance)
+	if choice.Index < 0 {
+		return p.selectFallback(pool, r, w)
+	}
+	metrics.selectedByLoad.Inc()
+	metrics.affinityOutcomes[choice.Outcome].Inc()
+	if ep := c.endpoint(choice.Index); ep != nil {
+		ep.placed(st.size, choice.CachedTokens)
+	}
+	p.noteOutput(st.size.OutputTokens)
+	if len(st.key.Blocks) > 0 {
+		p.affinityIndex.Record(st.key.Blocks, c.Worker(choice.Index))
+	}
+	return pool[choice.Index]
+}
+
+// affinityCandidates are a pool's upstreams as affinity.Index.Choose sees them. The workers of the
+// first len(workers) positions are looked up once per request.
+type affinityCandidates struct {
+	p       *Policy
+	pool    reverseproxy.UpstreamPool
+	eps     map[string]*endpoint
+	byIndex []*endpoint
+	now     time.Time
+	size    loadpolicy.Request
+	params  loadpolicy.CostParams
+	workers [64]affinity.Worker
+	// scale turns the in-flight count of each of the first len(scale) positions into requests of a
+	// worker of the fleet's mean batch cap, so the balance bound holds a 4x worker to four times a 1x
+	// one's count; 0 where unknown (a count as it is).
+	scale [64]float64
+}
+
+// weighLoads sets scale from the batch caps (max_running_requests) of the fresh reports.
+func (c *affinityCandidates) weighLoads() {
+	n := min(len(c.pool), len(c.scale))
+	var caps [64]float64
+	var sum float64
+	known := 0
+	for i := range n {
+		if ep := c.endpoint(i); ep != nil {
+			if rep := ep.fresh(c.now); rep != nil && rep.MaxRunning > 0 {
+				caps[i] = float64(rep.MaxRunning)
+				sum += caps[i]
+				known++
+			}
+		}
+	}
+	if known == 0 {
+		return
+	}
+	mean := sum / float64(known)
+	for i := range n {
+		if caps[i] > 0 {
+			c.scale[i] = mean / caps[i]
+		}
+	}
+}
+
+func (c *affinityCandidates) Len() int { return len(c.pool) }
+
+// Worker is the upstream's worker; the zero Worker, which Choose skips, for an unavailable one.
+func (c *affinityCandidates) Worker(i int) affinity.Worker {
+	u := c.pool[i]
+	if !u.Available() {
+		return affinity.Worker{}
+	}
+	if i < len(c.workers) && c.workers[i].ID != 0 {
+		return c.workers[i]
+	}
+	w := c.p.workerOf(u.Dial)
+	if i < len(c.workers) {
+		c.workers[i] = w
+	}
+	return w
+}
+
+func (c *affinityCandidates) Load(i int) float64 {
+	load := float64(c.pool[i].NumRequests())
+	if i < len(c.scale) && c.scale[i] > 0 {
+		load *= c.scale[i]
+	}
+	return load
+}
+
+func (c *affinityCandidates) Cost(i int, cached int64) (float64, bool) {
+	u := c.pool[i]
+	if !u.Available() {
+		return 0, false
+	}
+	ep := c.endpoint(i)
+	if ep == nil {
+		if ep = c.p.registerLate(u.Dial); ep == nil {
+			return 0, false
+		}
+	}
+	ep.noteHost(u.Host)
+	cand := ep.priced(c.now, int64(u.NumRequests()), c.size, cached, &c.params, c.p.noExtra)
+	return cand.Cost, cand.Priced
+}
+
+func (c *affinityCandidates) endpoint(i int) *endpoint {
+	if c.byIndex != nil && c.byIndex[i] != nil {
+		return c.byIndex[i]
+	}
+	return c.eps[c.pool[i].Dial]
+}
+
+// workerOf is the affinity worker of the upstream dialled at dial, made on first use.
+func (p *Policy) workerOf(dial string) affinity.Worker {
+	if w, ok := (*p.workers.Load())[dial]; ok {
+		return w
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur := *p.workers.Load()
+	if w, ok := cur[dial]; ok {
+		return w
+	}
+	w := p.affinityIndex.Worker(dial)
+	next := make(map[string]affinity.Worker, len(cur)+1)
+	for k, v := range cur {
+		next[k] = v
+	}
+	next[dial] = w
+	p.workers.Store(&next)
+	if ep := (*p.endpoints.Load())[dial]; ep != nil {
+		ep.indexed(p.affinityIndex, w)
+	}
+	return w
+}
+
+// selectByCost is Select with the cost metric and no affinity.
+func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	size := loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
+	if st := p.readRequest(r); st != nil {
+		size = st.size
+	}
+	eps := *p.endpoints.Load()
+	byIndex := p.index.Load().of(pool)
+	now := clock.Now()
+	params := p.costs
+	params.MeanOutputTokens = math.Float64frombits(p.meanOut.Load())
+	endpointOf := func(i int) *endpoint {
+		if byIndex != nil && byIndex[i] != nil {
+			return byIndex[i]
+		}
+		return eps[pool[i].Dial]
+	}
+	idx, ok := loadpolicy.Choose(p.choice, p.metric, len(pool), func(i int) (loadpolicy.Candidate, bool) {
+		u := pool[i]
+		if !u.Available() {
+			return loadpolicy.Candidate{}, false
+		}
+		inflight := int64(u.NumRequests())
+		ep := endpointOf(i)
+		if ep == nil {
+			if ep = p.registerLate(u.Dial); ep == nil {
+				return loadpolicy.Candidate{Inflight: inflight}, true
+			}
+		}
+		ep.noteHost(u.Host)
+		return ep.priced(now, inflight, size, 0, &params, p.noExtra), true
+	}, rand.IntN)
+	if !ok {
+		return p.selectFallback(pool, r, w)
+	}
+	metrics.selectedByLoad.Inc()
+	if ep := endpointOf(idx); ep != nil {
+		ep.placed(size, 0)
+	}
+	p.noteOutput(size.OutputTokens)
+	return pool[idx]
+}

@@ -1,0 +1,273 @@
+package caddymodule_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+)
+
+// hashingWorker reports a fixed load and answers each request with the SHA-256 and length of the body
+// it received, so a test can check that the policy's reading of the body left it intact.
+type hashingWorker struct {
+	srv      *httptest.Server
+	gen      float64 // gen_throughput it reports; higher is less loaded
+	requests atomic.Int64
+	// reset, when set, makes the worker drop the connection of each request before answering.
+	reset atomic.Bool
+}
+
+func newHashingWorker(t *testing.T, running int, gen float64) *hashingWorker {
+	t.Helper()
+	w := &hashingWorker{gen: gen}
+	w.srv = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/loads" {
+			fmt.Fprintf(rw, `{"version":"0.5.9","loads":[{"dp_rank":0,"num_running_reqs":%d,"num_waiting_reqs":0,`+
+				`"num_waiting_uncached_tokens":0,"num_used_tokens":%d,"max_total_num_tokens":100000,`+
+				`"max_running_requests":64,"token_usage":0.01,"gen_throughput":%g}]}`, running, running*100, w.gen)
+			return
+		}
+		w.requests.Add(1)
+		body, err := io.ReadAll(r.Body)
+		if w.reset.Load() {
+			if hj, ok := rw.(http.Hijacker); ok {
+				if conn, _, err := hj.Hijack(); err == nil {
+					conn.Close()
+					return
+				}
+			}
+		}
+		if err != nil {
+			http.Error(rw, err.Error(), http.StatusBadRequest)
+			return
+		}
+		sum := sha256.Sum256(body)
+		rw.Header().Set("X-Body-Sha256", hex.EncodeToString(sum[:]))
+		rw.Header().Set("X-Body-Length", fmt.Sprint(len(body)))
+	}))
+	t.Cleanup(w.srv.Close)
+	return w
+}
+
+func (w *hashingWorker) addr() string { return strings.TrimPrefix(w.srv.URL, "http://") }
+
+// chatBody is a chat request of about size bytes whose max_tokens comes after the messages.
+func chatBody(size int) []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"model":"m","messages":[{"role":"system","content":"`)
+	for b.Len() < size-64 {
+		b.WriteString(`the quick brown fox \"jumps\" over the lazy dog\n `)
+	}
+	b.WriteString(`"}],"max_tokens":77,"stream":false}`)
+	return b.Bytes()
+}
+
+// TestCostMetricKeepsTheBody sends bodies of every kind the policy reads, skips or reads only the head of
+// through Caddy with the cost metric, and checks that the upstream receives exactly the bytes sent.
+func TestCostMetricKeepsTheBody(t *testing.T) {
+	for _, policy := range []string{"metric cost\n\t\t\tread_body 64KiB", "affinity prefix"} {
+		t.Run(policy, func(t *testing.T) { testBodyKept(t, policy) })
+	}
+}
+
+func testBodyKept(t *testing.T, policy string) {
+	a, b := newHashingWorker(t, 1, 1000), newHashingWorker(t, 1, 1000)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(fmt.Sprintf(`{
+	admin localhost:2999
+	http_port 9080
+	https_port 9443
+	grace_period 1ns
+	sglang_load {
+		interval 100ms
+	}
+}
+http://localhost:9080 {
+	reverse_proxy %s %s {
+		lb_policy sglang_load {
+			%s
+		}
+	}
+}`, a.addr(), b.addr(), policy), "caddyfile")
+	waitWorkers(t, 10*time.Second, "both polled", polledOK, &testWorker{srv: a.srv}, &testWorker{srv: b.srv})
+
+	big := chatBody(10 << 20)
+	for _, tc := range []struct {
+		name    string
+		path    string
+		body    []byte
+		chunked bool
+		header  map[string]string
+	}{
+		{name: "small chat", path: "/v1/chat/completions", body: chatBody(2 << 10)},
+		{name: "head of a 200 KiB chat", path: "/v1/chat/completions", body: chatBody(200 << 10)},
+		{name: "10 MiB chat", path: "/v1/chat/completions", body: big},
+		{name: "10 MiB chunked", path: "/v1/chat/completions", body: big, chunked: true},
+		{name: "chunked generate", path: "/generate", body: []byte(`{"text":"hello","sampling_params":{"max_new_tokens":9}}`), chunked: true},
+		{name: "not JSON", path: "/v1/completions", body: []byte("\x00\x01 not json {{{")},
+		{name: "compressed", path: "/v1/chat/completions", body: []byte("\x1f\x8b\x08 gzip-ish"), header: map[string]string{"Content-Encoding": "gzip"}},
+		{name: "unknown path", path: "/other", body: chatBody(1 << 10)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var body io.Reader = bytes.NewReader(tc.body)
+			if tc.chunked {
+				pr, pw := io.Pipe()
+				go func() {
+					// Several writes, so the body arrives in chunks.
+					for rest := tc.body; len(rest) > 0; {
+						n := min(len(rest), 3000)
+						if _, err := pw.Write(rest[:n]); err != nil {
+							return
+						}
+						rest = rest[n:]
+					}
+					pw.Close()
+				}()
+				body = pr
+			}
+			req, err := http.NewRequest(http.MethodPost, "http://localhost:9080"+tc.path, body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range tc.header {
+				req.Header.Set(k, v)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			sum := sha256.Sum256(tc.body)
+			if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Body-Sha256") != hex.EncodeToString(sum[:]) ||
+				resp.Header.Get("X-Body-Length") != fmt.Sprint(len(tc.body)) {
+				t.Errorf("status %d, upstream got %s bytes with sha256 %s; sent %d with %x", resp.StatusCode,
+					resp.Header.Get("X-Body-Length"), resp.Header.Get("X-Body-Sha256"), len(tc.body), sum)
+			}
+		})
+	}
+}
+
+// TestCostMetricRetryResendsTheBody: with request_buffers, a request whose first upstream drops the
+// connection is retried on the other with the same body, sized once.
+func TestCostMetricRetryResendsTheBody(t *testing.T) {
+	// bad looks idle (fast decode), so the cost metric tries it first; it drops every request.
+	bad, good := newHashingWorker(t, 1, 100000), newHashingWorker(t, 30, 100)
+	bad.reset.Store(true)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(fmt.Sprintf(`{
+	admin localhost:2999
+	http_port 9080
+	https_port 9443
+	grace_period 1ns
+	sglang_load {
+		interval 100ms
+	}
+}
+http://localhost:9080 {
+	reverse_proxy %s %s {
+		request_buffers 1MiB
+		lb_retries 2
+		lb_retry_match {
+			method POST
+		}
+		fail_duration 30s
+		max_fails 1
+		lb_policy sglang_load {
+			metric cost
+		}
+	}
+}`, bad.addr(), good.addr()), "caddyfile")
+	waitWorkers(t, 10*time.Second, "both polled", polledOK, &testWorker{srv: bad.srv}, &testWorker{srv: good.srv})
+
+	body := chatBody(100 << 10)
+	resp, err := http.Post("http://localhost:9080/v1/chat/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	sum := sha256.Sum256(body)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Body-Sha256") != hex.EncodeToString(sum[:]) {
+		t.Errorf("status %d, sha256 %s; want 200 and %x", resp.StatusCode, resp.Header.Get("X-Body-Sha256"), sum)
+	}
+	if bad.requests.Load() != 1 || good.requests.Load() != 1 {
+		t.Errorf("requests: dropping upstream %d, good one %d; want 1 each (tried, then retried)",
+			bad.requests.Load(), good.requests.Load())
+	}
+}
+
+// TestAffinityPrefix: requests that share a long system prompt go to one worker while the workers are
+// equally loaded; requests with prompts of their own spread; the decisions are counted.
+func TestAffinityPrefix(t *testing.T) {
+	ws := []*hashingWorker{newHashingWorker(t, 2, 1000), newHashingWorker(t, 2, 1000), newHashingWorker(t, 2, 1000)}
+	tester := caddytest.NewTester(t)
+	tester.InitServer(fmt.Sprintf(`{
+	admin localhost:2999
+	http_port 9080
+	https_port 9443
+	grace_period 1ns
+	sglang_load {
+		interval 100ms
+	}
+}
+http://localhost:9080 {
+	reverse_proxy %s %s %s {
+		lb_policy sglang_load {
+			affinity prefix
+		}
+	}
+}`, ws[0].addr(), ws[1].addr(), ws[2].addr()), "caddyfile")
+	waitWorkers(t, 10*time.Second, "all polled", polledOK, &testWorker{srv: ws[0].srv}, &testWorker{srv: ws[1].srv}, &testWorker{srv: ws[2].srv})
+	before := metricValue(t, scrape(t), "caddy_sglang_load_affinity_decisions_total", `outcome="followed"`)
+
+	send := func(system string, n int) []int64 {
+		start := make([]int64, len(ws))
+		for i, w := range ws {
+			start[i] = w.requests.Load()
+		}
+		for i := range n {
+			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}],"max_tokens":16}`, system, i)
+			resp, err := http.Post("http://localhost:9080/v1/chat/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+		got := make([]int64, len(ws))
+		for i, w := range ws {
+			got[i] = w.requests.Load() - start[i]
+		}
+		return got
+	}
+	shared := strings.Repeat("You are a helpful assistant who answers in French. ", 60) // ~3 KiB: 12 blocks
+	got := send(shared, 30)
+	if most := max(got[0], got[1], got[2]); most != 30 {
+		t.Errorf("requests sharing a system prompt went to %v, want all 30 on one worker", got)
+	}
+	after := metricValue(t, scrape(t), "caddy_sglang_load_affinity_decisions_total", `outcome="followed"`)
+	if after-before < 30 {
+		t.Errorf("followed decisions grew by %v, want 30", after-before)
+	}
+
+	// 30 prompts of their own, one request each: rendezvous spreads them over the workers.
+	spread := make([]int64, len(ws))
+	for i := range 30 {
+		got := send(fmt.Sprintf("%d: %s", i, shared), 1)
+		for j := range spread {
+			spread[j] += got[j]
+		}
+	}
+	for j, n := range spread {
+		if n == 0 {
+			t.Errorf("distinct prefixes went to %v: worker %d got none", spread, j)
+		}
+	}
+}

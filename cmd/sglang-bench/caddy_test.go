@@ -1,0 +1,15 @@
+package main
+
+import "testing"
+
+func TestLogTailKeepsTheEnd(t *testing.T) {
+	l := &logTail{max: 8}
+	for _, s := range []string{"abc", "defgh", "ijk"} {
+		if n, err := l.Write([]byte(s)); n != len(s) || err != nil {
+			t.Fatalf("Write(%q) = %d, %v", s, n, err)
+		}
+	}
+	if got := l.String(); got != "defghijk" {
+		t.Fatalf("tail %q, want the last 8 bytes", got)
+	}
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+// replicaPolicies are compared with 1 and with more Caddy instances in front of one fleet.
+func replicaPolicies() []policy {
+	return []policy{
+		{name: "least_conn", lb: "lb_policy least_conn"},
+		sglangLoad("sglang_load power_of_two 10s", 10*time.Second, "metric auto", "choose power_of_two"),
+		sglangLoad("sglang_load power_of_two 1s", time.Second, "metric auto", "choose power_of_two"),
+		sglangLoad("sglang_load cost 10s", 10*time.Second, "metric cost"),
+	}
+}
+
+// runReplicas runs each policy with every instance count at once, on the quality workload: each instance
+// sees only its own in-flight requests and polls every worker itself.
+func runReplicas(ctx context.Context, o qualityOptions, stdout, stderr io.Writer) error {
+	if _, err := os.Stat(o.caddy); err != nil {
+		return fmt.Errorf("-caddy %s: %w (run make build first)", o.caddy, err)
+	}
+	ps, err := selectPolicies(replicaPolicies(), o.only)
+	if err != nil {
+		return err
+	}
+	var specs []armSpec
+	for _, p := range ps {
+		for _, n := range o.instances {
+			specs = append(specs, armSpec{p, n})
+		}
+	}
+	mark := markCPU()
+	var runs []qualityRun
+	for _, rate := range o.rates {
+		cpu0 := markCPU()
+		res, err := runSeeds(ctx, o.caddy, specs, o.seedsAtOnce(rate, len(specs)), o.seeds,
+			func(seed int64) []job { return qualityWorkload(seed, rate, o.requests) }, stderr, fmt.Sprintf("replicas %g/s", rate))
+		if err != nil {
+			return err
+		}
+		runs = append(runs, qualityRun{rate: rate, res: res, cpu: cpuSince(cpu0)})
+	}
+	md := replicasMarkdown(o, ps, runs, cpuSince(mark))
+	if err := writeResult(o.out, "replicas.md", md); err != nil {
+		return err
+	}
+	fmt.Fprint(stdout, md)
+	return nil
+}
+
+func replicasMarkdown(o qualityOptions, ps []policy, runs []qualityRun, total cpuUse) string {
+	var b strings.Builder
+	header(&b, "Several Caddy instances in front of one fleet")
+	fmt.Fprintf(&b, "Workload: the quality workload, %d requests per arm and seed, seeds %v; each request goes to one of the "+
+		"instances at random (the same choice in every arm). Instances share nothing: each counts only its own in-flight "+
+		"requests and polls every worker itself. Every arm has its own fleet; all arms of a seed run at once. %s\n\n",
+		o.requests, o.seeds, fleetLine())
+	fmt.Fprintf(&b, "CPU, whole run: %s.\n\n", total)
+	b.WriteString(spreadLegend)
+	for _, run := range runs {
+		fmt.Fprintf(&b, "#### %g requests/s in total\n\nCPU: %s.\n\n", run.rate, run.cpu)
+		figuresTable(&b, run.res, []metric{mP50, mP90, mP99, mTTFT99, mTok})
+		fmt.Fprintf(&b, "p99 with more instances ÷ p99 with %d (goal: ≤ 1.15 with 3), and load polls each worker answered:\n\n", o.instances[0])
+		b.WriteString("| policy | instances | p99 ratio | p50 ratio | polls/s per worker (median) | expected: instances ÷ interval | goal met on every seed |\n")
+		b.WriteString("|---|---:|---|---|---|---:|---|\n")
+		for _, p := range ps {
+			base := run.res.find(armSpec{p, o.instances[0]}.label())
+			for _, n := range o.instances {
+				s := armSpec{p, n}
+				rs := run.res.find(s.label())
+				polls := make([]string, len(workerScales))
+				for w := range workerScales {
+					v := make([]float64, len(rs))
+					for i, r := range rs {
+						v[i] = r.pollsPerSec[w]
+					}
+					polls[w] = fmt.Sprintf("%.2f", spreadOf(v).med)
+				}
+				expected, goal := "-", "-"
+				if p.interval > 0 {
+					expected = fmt.Sprintf("%.2f", float64(n)/p.interval.Seconds())
+				}
+				ratio := spreadOf(ratios(values(rs, mP99), values(base, mP99)))
+				if n != o.instances[0] {
+					goal = map[bool]string{true: "yes", false: "no"}[ratio.hi <= 1.15]
+				}
+				fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s |\n", p.name, n, ratio.format(2),
+					spreadOf(ratios(values(rs, mP50), values(base, mP50))).format(2), strings.Join(polls, " / "), expected, goal)
+			}
+		}
+		b.WriteString("\n")
+		tailTable(&b, run.res)
+	}
+	return b.String()
+}

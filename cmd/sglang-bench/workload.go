@@ -1,0 +1,230 @@
+package main
+
+import (
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"strings"
+	"time"
+)
+
+// The quality workload: 80% short requests, 20% long ones (prompt and output); 30% of each are streamed.
+const (
+	shortPrompt, shortOutput = 200, 64
+	longPrompt, longOutput   = 2000, 512
+	longShare, streamShare   = 0.2, 0.3
+	requestTimeout           = 300 * time.Second // round_robin at the busy rate queues for minutes
+)
+
+// bytesPerToken is the simulator's token measure: a prompt of n bytes of text is ceil(n/4) tokens.
+const bytesPerToken = 4
+
+// message is one chat message of a request body.
+type message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// job is one request of a workload, the same for every policy of a run.
+type job struct {
+	index        int
+	at           time.Duration // arrival, from the start of the run
+	long, stream bool
+	maxTokens    int
+	messages     []message // the whole conversation sent; a session job gets its history at send time
+	pick         float64   // uniform [0,1): which Caddy instance (or router instance) takes it
+	group        int       // shared-prefix group or session; -1 when none
+	turn         int       // session turn, from 0
+}
+
+// words of exactly bytesPerToken bytes, so text of n words is n tokens in the simulator's measure.
+var textWords = [...]string{" abc", " def", " ghi", " jkl", " mno", " pqr", " stu", " vwx", " yza", " bcd",
+	" efg", " hij", " klm", " nop", " qrs", " tuv"}
+
+// text returns n tokens of seeded text. Different seeds give different text from the first token on.
+func text(rnd *rand.Rand, n int) string {
+	var b strings.Builder
+	b.Grow(n * bytesPerToken)
+	for range n {
+		b.WriteString(textWords[rnd.IntN(len(textWords))])
+	}
+	return b.String()
+}
+
+// nonce is a one-token-aligned unique start of a prompt, so no two prompts share a cached prefix block.
+func nonce(seed int64, i int) string {
+	s := fmt.Sprintf("%08x%08x", uint32(seed), uint32(i))
+	return s[:len(s)/bytesPerToken*bytesPerToken]
+}
+
+// qualityWorkload is the seeded arrival schedule every policy gets: n Poisson arrivals at rate, each
+// prompt unique from its first token (a nonce), so the simulator's prefix cache never hits by accident.
+func qualityWorkload(seed int64, rate float64, n int) []job {
+	rnd := rand.New(rand.NewPCG(uint64(seed), 0x5eed))
+	jobs := make([]job, 0, n)
+	var at time.Duration
+	for i := range n {
+		at += time.Duration(rnd.ExpFloat64() / rate * float64(time.Second))
+		long := rnd.Float64() < longShare
+		stream := rnd.Float64() < streamShare
+		prompt, out := shortPrompt, shortOutput
+		if long {
+			prompt, out = longPrompt, longOutput
+		}
+		n := nonce(seed, i)
+		content := n + text(rnd, prompt-len(n)/bytesPerToken)
+		jobs = append(jobs, job{index: i, at: at, long: long, stream: stream, maxTokens: out,
+			messages: []message{{"user", content}}, pick: rnd.Float64(), group: -1})
+	}
+	return jobs
+}
+
+// sharedPrefixShape is SGLang bench_serving's generated-shared-prefix dataset: groups of questions that
+// share one long system prompt.
+type sharedPrefixShape struct {
+	groups, questions            int
+	systemTokens, questionTokens int
+	outputTokens                 int
+}
+
+var defaultSharedPrefix = sharedPrefixShape{groups: 32, questions: 16, systemTokens: 2048, questionTokens: 128, outputTokens: 256}
+
+// sharedPrefixWorkload sends every question of every group once, the groups interleaved at random, at
+// Poisson arrivals of rate. All are streamed, so TTFT is measured on each.
+func sharedPrefixWorkload(seed int64, rate float64, s sharedPrefixShape) []job {
+	rnd := rand.New(rand.NewPCG(uint64(seed), 0xa11))
+	systems := make([]string, s.groups)
+	for g := range systems {
+		systems[g] = nonce(seed, g) + text(rnd, s.systemTokens-len(nonce(seed, g))/bytesPerToken)
+	}
+	order := make([]int, 0, s.groups*s.questions)
+	for g := range s.groups {
+		for range s.questions {
+			order = append(order, g)
+		}
+	}
+	rnd.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	jobs := make([]job, len(order))
+	var at time.Duration
+	for i, g := range order {
+		at += time.Duration(rnd.ExpFloat64() / rate * float64(time.Second))
+		jobs[i] = job{index: i, at: at, stream: true, maxTokens: s.outputTokens, group: g, pick: rnd.Float64(),
+			messages: []message{{"system", systems[g]}, {"user", text(rnd, s.questionTokens)}}}
+	}
+	return jobs
+}
+
+// sessionShape is a multi-turn chat workload: sessions start at Poisson arrivals; each turn resends the
+// whole history (the previous answers as the workers gave them) plus a new user message, sent when the
+// previous answer arrived and a think time passed.
+type sessionShape struct {
+	sessions, turns            int
+	firstTokens, messageTokens int
+	outputTokens               int
+	thinkTime                  time.Duration // mean, exponential
+}
+
+var defaultSessions = sessionShape{sessions: 64, turns: 6, firstTokens: 1024, messageTokens: 128, outputTokens: 128,
+	thinkTime: 2 * time.Second}
+
+// sessionWorkload returns every turn of every session; at is the session's start for turn 0 and the think
+// time after the previous answer for later turns. messages holds only the new user message: the sender
+// prepends the history.
+func sessionWorkload(seed int64, rate float64, s sessionShape) []job {
+	rnd := rand.New(rand.NewPCG(uint64(seed), 0xc4a7))
+	var jobs []job
+	var start time.Duration
+	for g := range s.sessions {
+		start += time.Duration(rnd.ExpFloat64() / rate * float64(time.Second))
+		for t := range s.turns {
+			at := start
+			content := text(rnd, s.messageTokens)
+			if t == 0 {
+				content = nonce(seed, g) + text(rnd, s.firstTokens-len(nonce(seed, g))/bytesPerToken)
+			} else {
+				at = time.Duration(rnd.ExpFloat64() * float64(s.thinkTime))
+			}
+			jobs = append(jobs, job{index: len(jobs), at: at, stream: true, maxTokens: s.outputTokens, group: g, turn: t,
+				pick: rnd.Float64(), messages: []message{{"user", content}}})
+		}
+	}
+	return jobs
+}
+
+// promptTokens is a conversation's prompt in the simulator's measure: ceil(bytes/4) per message, summed.
+func promptTokens(msgs []message) int {
+	n := 0
+	for _, m := range msgs {
+		n += max(1, (len(m.Content)+bytesPerToken-1)/bytesPerToken)
+	}
+	return n
+}
+
+// cacheBlockTokens is the block size, in tokens, of the prefix-cache accounting below.
+const cacheBlockTokens = 16
+
+// promptText is the text whose leading part a prefix cache (and the prefix routers) match on: the
+// messages' contents in order, each introduced by its role. Prefix caches match token by token; this
+// string is the bench's stand-in for the tokenised prompt.
+func promptText(msgs []message) string {
+	var b strings.Builder
+	for _, m := range msgs {
+		b.WriteString(m.Role)
+		b.WriteByte(':')
+		b.WriteString(m.Content)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// blockHashes are the chained hashes of the whole blocks of cacheBlockTokens tokens of s: block i's hash
+// covers everything up to its end, so equal hashes mean equal prefixes.
+func blockHashes(s string) []uint64 {
+	const blockBytes = cacheBlockTokens * bytesPerToken
+	hs := make([]uint64, 0, len(s)/blockBytes)
+	h := fnv.New64a()
+	for end := blockBytes; end <= len(s); end += blockBytes {
+		_, _ = h.Write([]byte(s[end-blockBytes : end]))
+		hs = append(hs, h.Sum64())
+	}
+	return hs
+}
+
+// idealCache is a single cache of unlimited size that sees every prompt in order: the most prompt
+// tokens any routing could find cached. A fleet's hit rate divided by this one's says how close routing
+// comes to perfect affinity.
+type idealCache struct {
+	seen           map[uint64]struct{}
+	cached, prompt int
+}
+
+func newIdealCache() *idealCache { return &idealCache{seen: map[uint64]struct{}{}} }
+
+// add counts one prompt: its tokens, and those of its leading blocks that an earlier prompt had.
+func (c *idealCache) add(msgs []message) {
+	c.prompt += promptTokens(msgs)
+	hit := true
+	for _, h := range blockHashes(promptText(msgs)) {
+		if _, ok := c.seen[h]; hit && ok {
+			c.cached += cacheBlockTokens
+		} else {
+			hit = false
+		}
+		c.seen[h] = struct{}{}
+	}
+}
+
+// remember caches a conversation without counting it as a prompt: an answer the worker generated, which
+// the simulator (as SGLang's radix cache) keeps for the next turn that resends it.
+func (c *idealCache) remember(msgs []message) {
+	for _, h := range blockHashes(promptText(msgs)) {
+		c.seen[h] = struct{}{}
+	}
+}
+
+func (c *idealCache) rate() float64 {
+	if c.prompt == 0 {
+		return 0
+	}
+	return float64(c.cached) / float64(c.prompt)
+}

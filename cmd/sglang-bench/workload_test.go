@@ -1,0 +1,225 @@
+package main
+
+import (
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestQualityWorkloadIsSeeded(t *testing.T) {
+	a, b := qualityWorkload(7, 24, 500), qualityWorkload(7, 24, 500)
+	if !reflect.DeepEqual(a, b) {
+		t.Fatal("the same seed gave two different workloads")
+	}
+	c := qualityWorkload(8, 24, 500)
+	same := 0
+	for i := range a {
+		if a[i].at == c[i].at {
+			same++
+		}
+	}
+	if same > 0 {
+		t.Fatalf("seeds 7 and 8 share %d arrival times", same)
+	}
+}
+
+func TestQualityWorkloadShares(t *testing.T) {
+	const n, rate = 20000, 24.0
+	jobs := qualityWorkload(3, rate, n)
+	if len(jobs) != n {
+		t.Fatalf("got %d jobs, want %d", len(jobs), n)
+	}
+	var long, stream int
+	for i, j := range jobs {
+		if j.index != i || j.group != -1 || len(j.messages) != 1 {
+			t.Fatalf("job %d: index %d group %d messages %d", i, j.index, j.group, len(j.messages))
+		}
+		wantPrompt, wantOut := shortPrompt, shortOutput
+		if j.long {
+			long++
+			wantPrompt, wantOut = longPrompt, longOutput
+		}
+		if j.stream {
+			stream++
+		}
+		if got := promptTokens(j.messages); got != wantPrompt || j.maxTokens != wantOut {
+			t.Fatalf("job %d (long %t): prompt %d max_tokens %d, want %d and %d", i, j.long, got, j.maxTokens, wantPrompt, wantOut)
+		}
+		if j.pick < 0 || j.pick >= 1 {
+			t.Fatalf("job %d: pick %g outside [0,1)", i, j.pick)
+		}
+	}
+	// Binomial standard deviations are under 0.004 at this n: 0.015 is well over 3 of them.
+	if s := float64(long) / n; math.Abs(s-longShare) > 0.015 {
+		t.Errorf("long share %.3f, want %.2f", s, longShare)
+	}
+	if s := float64(stream) / n; math.Abs(s-streamShare) > 0.015 {
+		t.Errorf("streamed share %.3f, want %.2f", s, streamShare)
+	}
+	// Mean gap of n exponential gaps: relative standard deviation 1/sqrt(n) = 0.7%.
+	gap := jobs[n-1].at.Seconds() / n
+	if math.Abs(gap*rate-1) > 0.03 {
+		t.Errorf("mean inter-arrival %.4fs, want %.4fs", gap, 1/rate)
+	}
+}
+
+func TestQualityPromptsShareNoBlock(t *testing.T) {
+	jobs := qualityWorkload(1, 24, 2000)
+	c := newIdealCache()
+	for _, j := range jobs {
+		c.add(j.messages)
+	}
+	if c.cached != 0 {
+		t.Fatalf("%d tokens of unique prompts would be cached", c.cached)
+	}
+}
+
+func TestSharedPrefixWorkload(t *testing.T) {
+	s := defaultSharedPrefix
+	jobs := sharedPrefixWorkload(5, 8, s)
+	if len(jobs) != s.groups*s.questions {
+		t.Fatalf("got %d jobs, want %d", len(jobs), s.groups*s.questions)
+	}
+	system := map[int]string{}
+	count := map[int]int{}
+	adjacent := 0
+	for i, j := range jobs {
+		if len(j.messages) != 2 || j.messages[0].Role != "system" || j.messages[1].Role != "user" || !j.stream {
+			t.Fatalf("job %d: %d messages, stream %t", i, len(j.messages), j.stream)
+		}
+		if got := promptTokens(j.messages[:1]); got != s.systemTokens {
+			t.Fatalf("job %d: system prompt %d tokens, want %d", i, got, s.systemTokens)
+		}
+		if got := promptTokens(j.messages[1:]); got != s.questionTokens {
+			t.Fatalf("job %d: question %d tokens, want %d", i, got, s.questionTokens)
+		}
+		if prev, ok := system[j.group]; ok && prev != j.messages[0].Content {
+			t.Fatalf("group %d has two system prompts", j.group)
+		}
+		system[j.group] = j.messages[0].Content
+		count[j.group]++
+		if i > 0 && jobs[i-1].group == j.group {
+			adjacent++
+		}
+		if i > 0 && j.at <= jobs[i-1].at {
+			t.Fatalf("job %d arrives at %s, not after job %d", i, j.at, i-1)
+		}
+	}
+	for g := range s.groups {
+		if count[g] != s.questions {
+			t.Fatalf("group %d has %d questions, want %d", g, count[g], s.questions)
+		}
+	}
+	distinct := map[string]bool{}
+	for _, p := range system {
+		distinct[p[:64]] = true
+	}
+	if len(distinct) != s.groups {
+		t.Fatalf("%d distinct system-prompt starts, want %d", len(distinct), s.groups)
+	}
+	// Interleaved at random: two neighbours share a group about 1 time in 32, not 15 in 16.
+	if adjacent > len(jobs)/8 {
+		t.Fatalf("%d of %d neighbours share a group: not interleaved", adjacent, len(jobs))
+	}
+	// The measured ideal equals the formula: every question but each group's first finds its system prompt.
+	c := newIdealCache()
+	for _, j := range jobs {
+		c.add(j.messages)
+	}
+	want := float64(s.questions-1) / float64(s.questions) * float64(s.systemTokens) / float64(s.systemTokens+s.questionTokens)
+	if math.Abs(c.rate()-want) > 1e-9 {
+		t.Fatalf("ideal hit rate %.6f, want %.6f", c.rate(), want)
+	}
+}
+
+func TestSessionWorkload(t *testing.T) {
+	s := sessionShape{sessions: 5, turns: 4, firstTokens: 100, messageTokens: 20, outputTokens: 8, thinkTime: time.Second}
+	jobs := sessionWorkload(2, 1, s)
+	if !reflect.DeepEqual(jobs, sessionWorkload(2, 1, s)) {
+		t.Fatal("the same seed gave two different workloads")
+	}
+	seqs := sequences(jobs)
+	if len(seqs) != s.sessions {
+		t.Fatalf("%d sequences, want %d", len(seqs), s.sessions)
+	}
+	for k, seq := range seqs {
+		if len(seq) != s.turns {
+			t.Fatalf("session %d: %d turns, want %d", k, len(seq), s.turns)
+		}
+		if k > 0 && seq[0].at <= seqs[k-1][0].at {
+			t.Fatalf("session %d starts at %s, not after session %d", k, seq[0].at, k-1)
+		}
+		for turn, j := range seq {
+			want := s.messageTokens
+			if turn == 0 {
+				want = s.firstTokens
+			}
+			if j.turn != turn || j.group != seq[0].group || promptTokens(j.messages) != want {
+				t.Fatalf("session %d turn %d: turn %d group %d, %d tokens (want %d)", k, turn, j.turn, j.group,
+					promptTokens(j.messages), want)
+			}
+		}
+	}
+}
+
+func TestSequencesKeepsSingleJobsApart(t *testing.T) {
+	jobs := sharedPrefixWorkload(1, 10, sharedPrefixShape{groups: 2, questions: 3, systemTokens: 32, questionTokens: 16, outputTokens: 4})
+	seqs := sequences(jobs)
+	if len(seqs) != len(jobs) {
+		t.Fatalf("%d sequences for %d single jobs", len(seqs), len(jobs))
+	}
+	for i, s := range seqs {
+		if len(s) != 1 || s[0].index != i {
+			t.Fatalf("sequence %d: %d jobs, first %d", i, len(s), s[0].index)
+		}
+	}
+}
+
+func TestBlockHashesChain(t *testing.T) {
+	block := strings.Repeat("a", cacheBlockTokens*bytesPerToken)
+	other := strings.Repeat("b", cacheBlockTokens*bytesPerToken)
+	a := blockHashes(block + block + other + "tail")
+	b := blockHashes(block + block + block)
+	if len(a) != 3 || len(b) != 3 {
+		t.Fatalf("got %d and %d blocks, want 3 (a partial block does not count)", len(a), len(b))
+	}
+	if a[0] != b[0] || a[1] != b[1] || a[2] == b[2] {
+		t.Fatalf("hashes %x and %x: want the first two equal, the third different", a, b)
+	}
+	// Chained: the same block after a different prefix hashes differently.
+	c := blockHashes(other + block)
+	if c[1] == a[1] {
+		t.Fatal("block 1 hashes the same after different prefixes")
+	}
+}
+
+func TestIdealCacheByHand(t *testing.T) {
+	blk := func(c string) string { return strings.Repeat(c, cacheBlockTokens*bytesPerToken) }
+	c := newIdealCache()
+	// Content of 4 blocks, 64 tokens; promptText puts "user:" before it, shifting the blocks by 5 bytes.
+	c.add([]message{{"user", blk("x") + blk("y") + blk("z") + blk("w")}})
+	c.add([]message{{"user", blk("x") + blk("y") + blk("q") + blk("w")}})
+	// The second shares block 0 ("user:" and x) and block 1 (x's end and y); block 2 holds q instead of z.
+	if c.prompt != 2*4*cacheBlockTokens || c.cached != 2*cacheBlockTokens {
+		t.Fatalf("prompt %d cached %d, want %d and %d", c.prompt, c.cached, 2*4*cacheBlockTokens, 2*cacheBlockTokens)
+	}
+}
+
+func TestIdealCacheRemembersAnswers(t *testing.T) {
+	blk := func(c string) string { return strings.Repeat(c, cacheBlockTokens*bytesPerToken) }
+	first := []message{{"user", blk("a") + blk("b")}}
+	c := newIdealCache()
+	c.add(first)
+	history := append(first, message{"assistant", blk("c") + blk("d")})
+	c.remember(history)
+	if c.prompt != 2*cacheBlockTokens || c.cached != 0 {
+		t.Fatalf("remember counted as a prompt: prompt %d cached %d", c.prompt, c.cached)
+	}
+	c.add(append(history, message{"user", blk("e")}))
+	// promptText of the history is 4 blocks + 17 bytes of roles and newlines: its 4 whole blocks are cached.
+	if c.cached != 4*cacheBlockTokens {
+		t.Fatalf("cached %d tokens of the second turn, want the history's 4 blocks, %d", c.cached, 4*cacheBlockTokens)
+	}
+}
