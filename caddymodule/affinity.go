@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"cmp"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"time"
@@ -83,8 +82,7 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, r *http.Reques
 	st := p.readRequest(r)
 	c := &st.cands
 	*c = affinityCandidates{p: p, pool: pool, eps: *p.endpoints.Load(), byIndex: p.index.Load().of(pool),
-		now: clock.Now(), size: st.size, params: p.costs}
-	c.params.MeanOutputTokens = math.Float64frombits(p.meanOut.Load())
+		now: clock.Now(), size: st.size, params: p.costParams()}
 	c.weighLoads()
 	choice := p.affinityIndex.Choose(st.key, c, p.AffinityBalance)
 	if choice.Index < 0 {
@@ -227,8 +225,7 @@ func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, r *http.Request, w
 	eps := *p.endpoints.Load()
 	byIndex := p.index.Load().of(pool)
 	now := clock.Now()
-	params := p.costs
-	params.MeanOutputTokens = math.Float64frombits(p.meanOut.Load())
+	params := p.costParams()
 	endpointOf := func(i int) *endpoint {
 		if byIndex != nil && byIndex[i] != nil {
 			return byIndex[i]

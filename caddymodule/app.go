@@ -52,6 +52,9 @@ type App struct {
 
 	mu        sync.Mutex
 	endpoints map[string]*endpoint
+
+	// fleetSpeed is the fastest decode speed alone a worker has reported lately.
+	fleetSpeed fleetSpeed
 }
 
 // CaddyModule returns the Caddy module information.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math"
 	"net"
 	"slices"
 	"sync"
@@ -176,8 +177,25 @@ func (ep *endpoint) noteHost(h *reverseproxy.Host) {
 // worker when the worker measured its load; Select counts only the requests started since.
 type stampingFetcher struct {
 	monitor.Fetcher
-	ep *endpoint
+	ep    *endpoint
+	fleet *fleetSpeed
 }
+
+// fleetSpeed is the fastest decode speed alone that any worker of a config has reported lately: the
+// cost model's stand-in for a worker not yet seen decoding. Optimistic on purpose: a worker priced at a
+// slow stand-in would get no request, so never decode, so never be measured.
+type fleetSpeed struct{ bits atomic.Uint64 }
+
+// fleetSpeedMemory is how much of the fastest speed each report keeps, so a fleet that lost its
+// fastest worker forgets it within some tens of polls.
+const fleetSpeedMemory = 0.98
+
+func (f *fleetSpeed) note(alone float64) {
+	old := math.Float64frombits(f.bits.Load())
+	f.bits.Store(math.Float64bits(max(alone, old*fleetSpeedMemory)))
+}
+
+func (f *fleetSpeed) load() float64 { return math.Float64frombits(f.bits.Load()) }
 
 func (f stampingFetcher) Fetch(ctx context.Context) (*loadpolicy.Report, error) {
 	var before int64
@@ -190,6 +208,9 @@ func (f stampingFetcher) Fetch(ctx context.Context) (*loadpolicy.Report, error) 
 		rep.Sent = sent
 		if prev := f.ep.state.Load(); prev != nil {
 			rep.Follow(prev.Report)
+		}
+		if f.fleet != nil {
+			f.fleet.note(rep.DecodeAloneTokensPerSec())
 		}
 		// The worker measured somewhere between the two readings; the smaller one does not undercount
 		// requests it could not have seen yet.
@@ -237,7 +258,7 @@ func (a *App) register(spec endpointSpec, dial string) (*endpoint, error) {
 	}
 	ep := &endpoint{key: key, spec: spec, state: val.(*sharedState), refs: 1, upstreams: map[string]int{dial: 1}}
 	ep.setInterval(a, spec.interval)
-	stamped := stampingFetcher{Fetcher: fetcher, ep: ep}
+	stamped := stampingFetcher{Fetcher: fetcher, ep: ep, fleet: &a.fleetSpeed}
 	err = a.monitor.Add(monitor.Target{
 		Key:      key,
 		Fetcher:  stamped,

@@ -73,7 +73,9 @@ type Policy struct {
 	PrefillTokensPerSec float64 `json:"prefill_tokens_per_sec,omitempty"`
 
 	// Decode speed, in output tokens/s, of a request alone on a worker, that the cost metric assumes
-	// for a worker not yet seen decoding (gen_throughput with running requests). Default: 50.
+	// for a worker not yet seen decoding (gen_throughput with running requests). Default: the fastest
+	// that any worker has reported lately (so an unmeasured worker gets requests and is measured), or 50
+	// before any has.
 	DecodeTokensPerSec float64 `json:"decode_tokens_per_sec,omitempty"`
 
 	// Route requests that share a prompt prefix (prefix: chat messages, a completion's prompt, /generate
@@ -284,6 +286,17 @@ const (
 	defaultDecodeBatchHalving  = 32
 	defaultReadBody            = 64 << 10
 )
+
+// costParams are the cost model's stand-ins for this Select: the options, the mean output size of
+// recent requests, and the fleet's fastest decode speed for a worker not yet measured.
+func (p *Policy) costParams() loadpolicy.CostParams {
+	params := p.costs
+	params.MeanOutputTokens = math.Float64frombits(p.meanOut.Load())
+	if p.DecodeTokensPerSec == 0 && p.app != nil {
+		params.DecodeTokensPerSec = max(params.DecodeTokensPerSec, p.app.fleetSpeed.load())
+	}
+	return params
+}
 
 // defaultCostParams are the cost model's stand-ins with every option at its default.
 func defaultCostParams() loadpolicy.CostParams {

@@ -183,6 +183,10 @@ func (r *Report) Follow(prev *Report) {
 	r.work.prefillOK = true
 }
 
+// DecodeAloneTokensPerSec is the decode speed of a request alone on the worker that its recent reports
+// support, 0 when none measured one.
+func (r *Report) DecodeAloneTokensPerSec() float64 { return r.work.aloneFloor }
+
 // PrefillTokensPerSec is the worker's measured prefill speed, and whether it was measured.
 func (r *Report) PrefillTokensPerSec() (float64, bool) { return r.work.prefill, r.work.prefillOK }
 
