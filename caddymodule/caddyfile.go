@@ -22,6 +22,7 @@ func init() {
 //		interval             <duration>
 //		timeout              <duration>
 //		stale_after          <duration>
+//		forget_after         <duration>
 //		max_concurrent_polls <n>
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
@@ -40,7 +41,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	for d.NextBlock(0) {
 		switch name := d.Val(); name {
-		case "interval", "timeout", "stale_after":
+		case "interval", "timeout", "stale_after", "forget_after":
 			dur, err := parsePositiveDuration(d)
 			if err != nil {
 				return err
@@ -50,6 +51,8 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				a.Interval = &dur
 			case "timeout":
 				a.Timeout = &dur
+			case "forget_after":
+				a.ForgetAfter = &dur
 			default:
 				a.StaleAfter = &dur
 			}

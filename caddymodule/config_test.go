@@ -61,7 +61,7 @@ func TestHandWrittenJSONEqualsCaddyfile(t *testing.T) {
 	}
 	var fromCaddyfile, fromJSON caddymodule.App
 	decode(string(adapted.Apps.SGLang), &fromCaddyfile)
-	decode(`{"interval": "5s", "timeout": "1s", "stale_after": "20s", "max_concurrent_polls": 16}`, &fromJSON)
+	decode(`{"interval": "5s", "timeout": "1s", "stale_after": "20s", "forget_after": "2m", "max_concurrent_polls": 16}`, &fromJSON)
 	// Compare what the two configure, re-encoded: App holds unexported runtime state too.
 	if c, j := mustJSON(t, &fromCaddyfile), mustJSON(t, &fromJSON); c != j {
 		t.Errorf("app: Caddyfile gives %s, JSON %s", c, j)
@@ -98,6 +98,8 @@ func TestInvalidCaddyfileValues(t *testing.T) {
 		{global: "timeout 0", want: `timeout: must be > 0, got "0"`},
 		{global: "stale_after -1m", want: `stale_after: must be > 0, got "-1m"`},
 		{global: "stale_after", want: "stale_after: missing value"},
+		{global: "forget_after 0s", want: `forget_after: must be > 0, got "0s"`},
+		{global: "forget_after later", want: `forget_after: invalid duration "later"`},
 		{global: "interval 1s 2s", want: "interval: too many values"},
 		{global: "max_concurrent_polls 0", want: `max_concurrent_polls: want an integer from 1 to 1048576, got "0"`},
 		{global: "jitter 1", want: "unrecognized subdirective jitter"},
@@ -133,6 +135,7 @@ func TestInvalidJSONValues(t *testing.T) {
 		{app: `"interval": 0`, want: "interval: must be > 0, got 0s"},
 		{app: `"timeout": "-1s"`, want: "timeout: must be > 0, got -1s"},
 		{app: `"stale_after": 0`, want: "stale_after: must be > 0, got 0s"},
+		{app: `"forget_after": "-1s"`, want: "forget_after: must be > 0, got -1s"},
 		{app: `"max_concurrent_polls": -1`, want: "max_concurrent_polls: must be >= 0, got -1"},
 		{policy: `"load_transport": "udp"`, want: `load_transport: unknown transport "udp"`},
 		{policy: `"load_port": 70000`, want: "load_port: 70000 is not a port number"},

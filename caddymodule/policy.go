@@ -108,8 +108,13 @@ type Policy struct {
 
 	mu        sync.Mutex                           // serialises registration
 	endpoints atomic.Pointer[map[string]*endpoint] // by upstream dial address; copy on write
-	index     atomic.Pointer[poolIndex]            // the static pool's endpoints by position
-	skipped   sync.Map                             // dial addresses that cannot be polled, logged once
+	late      map[string]struct{}                  // dial addresses first seen in Select; guarded by mu
+	marked    atomic.Int64                         // Unix ms of Select's last pass over a dynamic pool
+	markEvery int64                                // ms between those passes
+	// forgetAfter is how long a dynamic upstream stays registered unseen (App.ForgetAfter).
+	forgetAfter time.Duration
+	index       atomic.Pointer[poolIndex] // the static pool's endpoints by position
+	skipped     sync.Map                  // dial addresses that cannot be polled, logged once
 }
 
 // CaddyModule returns the Caddy module information.
@@ -142,6 +147,10 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	}
 	p.app = appIface.(*App)
 	p.endpoints.Store(&map[string]*endpoint{})
+	p.late = make(map[string]struct{})
+	p.forgetAfter = p.app.forgetAfterFor(cmp.Or(p.spec.interval, p.app.interval))
+	p.markEvery = min(p.forgetAfter/4, maxMarkEvery).Milliseconds()
+	p.app.addSweeper(p)
 
 	handler := parentHandler(ctx)
 	if handler == nil {
@@ -156,7 +165,7 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 		if strings.Contains(u.Dial, "{") {
 			continue // a placeholder: registered per address on first sight in Select
 		}
-		if _, err := p.register(u.Dial); err != nil {
+		if _, err := p.register(u.Dial, false); err != nil {
 			return err
 		}
 	}
@@ -248,8 +257,14 @@ func parentHandler(ctx caddy.Context) *reverseproxy.Handler {
 	return nil
 }
 
-// register starts monitoring the upstream dialled at dial, once per policy.
-func (p *Policy) register(dial string) (*endpoint, error) {
+// maxMarkEvery bounds how long Select waits between passes over a dynamic pool (a quarter of
+// forget_after when shorter): a pass registers addresses that power-of-two has not sampled yet, so
+// they are polled at once, and marks the known ones seen.
+const maxMarkEvery = time.Second
+
+// register starts monitoring the upstream dialled at dial, once per policy. A late registration is of
+// an upstream first seen in Select, which is forgotten once it is unseen for forget_after.
+func (p *Policy) register(dial string, late bool) (*endpoint, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cur := *p.endpoints.Load()
@@ -266,6 +281,10 @@ func (p *Policy) register(dial string) (*endpoint, error) {
 	if err != nil {
 		return nil, err
 	}
+	if late {
+		ep.markSeen(clock.Now().UnixMilli())
+		p.late[dial] = struct{}{}
+	}
 	next := maps.Clone(cur)
 	next[dial] = ep
 	p.endpoints.Store(&next)
@@ -277,6 +296,9 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	eps := *p.endpoints.Load()
 	byIndex := p.index.Load().of(pool)
 	now := clock.Now()
+	if byIndex == nil {
+		p.markPool(pool, now)
+	}
 	cost := p.metric.Cost()
 	var req loadpolicy.Request
 	var params loadpolicy.CostParams
@@ -387,7 +409,7 @@ func (p *Policy) registerLate(dial string) *endpoint {
 	if _, bad := p.skipped.Load(dial); bad {
 		return nil
 	}
-	ep, err := p.register(dial)
+	ep, err := p.register(dial, true)
 	if err != nil {
 		p.skipped.Store(dial, struct{}{})
 		p.logger.Warn("not monitoring upstream load", zap.String("upstream", dial), zap.Error(err))
@@ -396,15 +418,69 @@ func (p *Policy) registerLate(dial string) *endpoint {
 	return ep
 }
 
+// markPool marks every upstream of a dynamic pool seen, and registers the new ones, at most once
+// every markEvery: a walk over the pool, without allocating unless an address is new.
+func (p *Policy) markPool(pool reverseproxy.UpstreamPool, now time.Time) {
+	ms := now.UnixMilli()
+	last := p.marked.Load()
+	if ms-last < p.markEvery || !p.marked.CompareAndSwap(last, ms) {
+		return
+	}
+	eps := *p.endpoints.Load()
+	for _, u := range pool {
+		if ep := eps[u.Dial]; ep != nil {
+			ep.markSeen(ms)
+		} else {
+			p.registerLate(u.Dial)
+		}
+	}
+}
+
+// sweep forgets the dynamic upstreams absent from the pools Select was offered over the last
+// forget_after: their polling stops, and they leave the admin view and the metrics once no other policy
+// or config monitors them. The span is measured up to Select's last pass, not to now, so a proxy
+// without traffic keeps polling the addresses it last saw.
+func (p *Policy) sweep(now time.Time) {
+	limit := p.marked.Load() - p.forgetAfter.Milliseconds()
+	p.mu.Lock()
+	cur := *p.endpoints.Load()
+	var gone []string
+	for dial := range p.late {
+		if ep := cur[dial]; ep == nil || ep.seen.Load() < limit {
+			gone = append(gone, dial)
+		}
+	}
+	if len(gone) == 0 {
+		p.mu.Unlock()
+		return
+	}
+	next := maps.Clone(cur)
+	for _, dial := range gone {
+		delete(next, dial)
+		delete(p.late, dial)
+	}
+	p.endpoints.Store(&next)
+	p.mu.Unlock()
+	for _, dial := range gone {
+		if ep := cur[dial]; ep != nil {
+			p.app.unregister(ep, dial)
+			p.logger.Info("forgetting upstream that left the pool", zap.String("upstream", dial),
+				zap.String("endpoint", ep.key), zap.Duration("unseen_for", now.Sub(time.UnixMilli(ep.seen.Load())).Round(time.Millisecond)))
+		}
+	}
+}
+
 // Cleanup stops monitoring this policy's upstreams.
 func (p *Policy) Cleanup() error {
 	if p.app == nil {
 		return nil
 	}
+	p.app.removeSweeper(p)
 	p.mu.Lock()
 	eps := p.endpoints.Load()
 	p.endpoints.Store(&map[string]*endpoint{})
 	p.index.Store(nil)
+	clear(p.late)
 	p.mu.Unlock()
 	if eps != nil {
 		for dial, ep := range *eps {
