@@ -18,15 +18,14 @@ import (
 	"github.com/caddy-sglang/caddy-sglang/caddymodule"
 )
 
-// dnsServer is an authoritative DNS server on loopback whose A and SRV records a test changes while
+// dnsServer is an authoritative DNS server on loopback whose A records a test changes while
 // Caddy's dynamic upstreams resolve through it (the `resolvers` option).
 type dnsServer struct {
 	addr string
 	srv  *dns.Server
 
-	mu   sync.Mutex
-	a    map[string][]net.IP  // by FQDN
-	srvs map[string][]dns.SRV // by FQDN
+	mu sync.Mutex
+	a  map[string][]net.IP // by FQDN
 }
 
 func newDNSServer(t *testing.T) *dnsServer {
@@ -35,7 +34,7 @@ func newDNSServer(t *testing.T) *dnsServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &dnsServer{addr: pc.LocalAddr().String(), a: make(map[string][]net.IP), srvs: make(map[string][]dns.SRV)}
+	s := &dnsServer{addr: pc.LocalAddr().String(), a: make(map[string][]net.IP)}
 	started := make(chan struct{})
 	s.srv = &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(s.serve), NotifyStartedFunc: func() { close(started) }}
 	go func() { _ = s.srv.ActivateAndServe() }()
@@ -55,17 +54,6 @@ func (s *dnsServer) setA(name string, ips ...string) {
 	s.a[dns.Fqdn(name)] = parsed
 }
 
-// setSRV makes name's SRV records point at localhost on the ports.
-func (s *dnsServer) setSRV(name string, ports ...int) {
-	recs := make([]dns.SRV, len(ports))
-	for i, p := range ports {
-		recs[i] = dns.SRV{Priority: 10, Weight: 10, Port: uint16(p), Target: "localhost."}
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.srvs[dns.Fqdn(name)] = recs
-}
-
 func (s *dnsServer) serve(w dns.ResponseWriter, r *dns.Msg) {
 	m := new(dns.Msg)
 	m.SetReply(r)
@@ -78,15 +66,8 @@ func (s *dnsServer) serve(w dns.ResponseWriter, r *dns.Msg) {
 			for _, ip := range s.a[q.Name] {
 				m.Answer = append(m.Answer, &dns.A{Hdr: hdr, A: ip})
 			}
-		case dns.TypeSRV:
-			for _, rec := range s.srvs[q.Name] {
-				rec.Hdr = hdr
-				m.Answer = append(m.Answer, &rec)
-			}
 		}
-		_, isA := s.a[q.Name]
-		_, isSRV := s.srvs[q.Name]
-		if !isA && !isSRV {
+		if _, ok := s.a[q.Name]; !ok {
 			m.Rcode = dns.RcodeNameError
 		}
 	}
@@ -170,11 +151,11 @@ http://127.0.0.1:9080 {
 }
 
 func aSource(name string, port int, resolver string) string {
-	return fmt.Sprintf("dynamic a {\n\t\t\tname %s\n\t\t\tport %d\n\t\t\trefresh 50ms\n\t\t\tresolvers %s\n\t\t}", name, port, resolver)
+	return "dynamic " + aBlock(name, port, resolver, 50*time.Millisecond)
 }
 
-func srvSource(name, resolver string) string {
-	return fmt.Sprintf("dynamic srv {\n\t\t\tname %s\n\t\t\trefresh 50ms\n\t\t\tresolvers %s\n\t\t}", name, resolver)
+func aBlock(name string, port int, resolver string, refresh time.Duration) string {
+	return fmt.Sprintf("a {\n\t\t\tname %s\n\t\t\tport %d\n\t\t\trefresh %s\n\t\t\tresolvers %s\n\t\t}", name, port, refresh, resolver)
 }
 
 // traffic sends GETs through Caddy from conc goroutines until stop is closed, and counts the
@@ -331,5 +312,38 @@ func TestSelectOnDynamicPoolAllocatesNothing(t *testing.T) {
 	req := httptest.NewRequest("GET", "/", nil)
 	if allocs := testing.AllocsPerRun(1000, func() { p.Select(dynamic, req, nil) }); allocs != 0 {
 		t.Errorf("Select on a dynamic pool: %v allocations, want 0", allocs)
+	}
+}
+
+// `dynamic multi` joins two A sources: every address of both is monitored, the least loaded of all
+// takes the traffic, and an address leaving one source is forgotten.
+func TestDynamicMultiJoinsSources(t *testing.T) {
+	d := newDNSServer(t)
+	ws, port := loopbackWorkers(t, "127.0.0.7", "127.0.0.8", "127.0.0.9")
+	ws[0].setLoad(0.8, 10)
+	ws[1].setLoad(0.6, 4)
+	ws[2].setLoad(0.1, 0)
+	aName, bName := uniqueName("multia"), uniqueName("multib")
+	d.setA(aName, "127.0.0.7", "127.0.0.8")
+	d.setA(bName, "127.0.0.9")
+	source := "dynamic multi {\n\t\t\t" + aBlock(aName, port, d.addr, 50*time.Millisecond) + "\n\t\t\t" +
+		aBlock(bName, port, d.addr, 50*time.Millisecond) + "\n\t\t}"
+	tester := caddytest.NewTester(t)
+	tester.InitServer(dynamicCaddyfile("interval 200ms\n\t\tforget_after 500ms", source, "choose least"), "caddyfile")
+	tr := startTraffic(2, 5*time.Millisecond)
+	defer tr.end()
+	eventually(t, 5*time.Second, func() bool {
+		v := workers(t)
+		return polledOK(v[ws[0].addr()]) && polledOK(v[ws[1].addr()]) && polledOK(v[ws[2].addr()])
+	}, "the addresses of both sources polled")
+	eventually(t, 5*time.Second, func() bool { return tr.served("127.0.0.9") > 20 }, "requests on the second source's idle worker")
+
+	d.setA(aName, "127.0.0.8")
+	waitGone(t, 5*time.Second, ws[0].addr())
+	if v := workers(t); len(v) != 2 {
+		t.Errorf("admin view: %d workers, want the 2 left in DNS", len(v))
+	}
+	if _, failed := tr.end(); len(failed) > 0 {
+		t.Errorf("%d requests failed: %v", len(failed), failed[:min(5, len(failed))])
 	}
 }
