@@ -116,16 +116,6 @@ func loopbackWorkers(t *testing.T, hosts ...string) ([]*testWorker, int) {
 	return nil, 0
 }
 
-// workerAt starts a worker on host:port.
-func workerAt(t *testing.T, host string, port int, tokenUsage float64, waiting int) *testWorker {
-	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, fmt.Sprint(port)))
-	if err != nil {
-		t.Fatalf("listen on %s:%d: %v", host, port, err)
-	}
-	return startTestWorker(t, host, tokenUsage, waiting, ln)
-}
-
 // dynamicCaddyfile proxies to the dynamic upstream source, retrying a failed request on another
 // upstream for up to 2s as a user of dynamic upstreams would (a pod may go between lookup and dial).
 func dynamicCaddyfile(global, source, policy string) string {

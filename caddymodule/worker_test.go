@@ -35,6 +35,13 @@ func newTestWorker(t *testing.T, name string, tokenUsage float64, waiting int) *
 // startTestWorker is newTestWorker serving on ln, or on 127.0.0.1:0 when ln is nil.
 func startTestWorker(t *testing.T, name string, tokenUsage float64, waiting int, ln net.Listener) *testWorker {
 	t.Helper()
+	w := serveTestWorker(name, tokenUsage, waiting, ln)
+	t.Cleanup(w.stop)
+	return w
+}
+
+// serveTestWorker is startTestWorker for a caller that stops the worker itself.
+func serveTestWorker(name string, tokenUsage float64, waiting int, ln net.Listener) *testWorker {
 	w := &testWorker{name: name, release: make(chan struct{})}
 	w.setLoad(tokenUsage, waiting)
 	w.srv = httptest.NewUnstartedServer(http.HandlerFunc(w.serve))
@@ -43,7 +50,6 @@ func startTestWorker(t *testing.T, name string, tokenUsage float64, waiting int,
 		w.srv.Listener = ln
 	}
 	w.srv.Start()
-	t.Cleanup(w.stop)
 	return w
 }
 
