@@ -71,6 +71,9 @@ func TestHandWrittenJSONEqualsCaddyfile(t *testing.T) {
 	var pc, pj map[string]any
 	decode(string(policyRaw), &pc)
 	decode(`{"policy": "sglang_load", "load_transport": "grpc", "load_port": 30010, "load_tls": true,
+		"load_tls_config": {"ca": {"provider": "file", "pem_files": ["/etc/caddy/workers-ca.pem"]},
+			"client_certificate_file": "/etc/caddy/client.pem", "client_certificate_key_file": "/etc/caddy/client.key",
+			"server_name": "worker.internal"},
 		"load_tls_insecure_skip_verify": true, "api_key": "secret-token", "interval": 2000000000,
 		"metric": "token_usage", "choose": "least", "fallback": {"policy": "random_choose", "choose": 3}}`, &pj)
 	if !reflect.DeepEqual(pc, pj) {
@@ -110,6 +113,11 @@ func TestInvalidCaddyfileValues(t *testing.T) {
 		{policy: "metric tokens", want: `metric: unknown metric "tokens"`},
 		{policy: "choose p2c", want: `choose: unknown choice "p2c"`},
 		{policy: "load_tls maybe", want: `load_tls: want on or off, got "maybe"`},
+		{policy: "load_tls {\n ca\n }", want: "load_tls ca: want one or more PEM files"},
+		{policy: "load_tls {\n client_cert only.pem\n }", want: `load_tls client_cert: want <cert file> <key file>, got ["only.pem"]`},
+		{policy: "load_tls {\n server_name\n }", want: "load_tls server_name: missing value"},
+		{policy: "load_tls {\n ciphers all\n }", want: "load_tls: unrecognized option ciphers"},
+		{policy: "load_tls off {\n server_name w\n }", want: "load_tls_config: set while load_tls is off"},
 		{policy: "fallback nosuchpolicy", want: "nosuchpolicy"},
 		{policy: "bogus 1", want: "unrecognized subdirective bogus"},
 	}
@@ -142,6 +150,8 @@ func TestInvalidJSONValues(t *testing.T) {
 		{policy: `"interval": "-2s"`, want: "interval: must be > 0, got -2s"},
 		{policy: `"metric": "tokens"`, want: `metric: unknown metric "tokens"`},
 		{policy: `"choose": "p2c"`, want: `choose: unknown choice "p2c"`},
+		{policy: `"load_tls_config": {"client_certificate_file": "c.pem"}`, want: "load_tls_config: client_certificate_file specified without client_certificate_key_file"},
+		{policy: `"load_tls_config": {"ca": {"provider": "file", "pem_files": ["/no/such/ca.pem"]}}`, want: "load_tls_config: "},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {

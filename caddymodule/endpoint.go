@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"maps"
 	"net"
@@ -45,6 +46,7 @@ type endpointSpec struct {
 	transport          string // transportHTTP or transportGRPC
 	address            string // host:port of the load endpoint
 	tls                bool
+	tlsConfig          *tls.Config // nil: Go's defaults; shared, never modified
 	insecureSkipVerify bool
 	apiKey             string
 	interval           time.Duration

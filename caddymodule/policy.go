@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -45,6 +46,14 @@ type Policy struct {
 
 	// Skip verification of the load endpoint's TLS certificate. Default: false (verify).
 	LoadTLSInsecureSkipVerify bool `json:"load_tls_insecure_skip_verify,omitempty"`
+
+	// TLS settings of the load polls, with the fields of the http transport's `tls` settings (ca,
+	// root_ca_pem_files, client_certificate_file and client_certificate_key_file, server_name,
+	// insecure_skip_verify, ...), built the way the transport builds its own. Setting it turns load_tls
+	// on. Default: the reverse proxy's http transport's TLS settings (tls_trust_pool,
+	// tls_trusted_ca_certs, tls_client_auth, tls_server_name, tls_insecure_skip_verify) when it uses
+	// TLS, else Go's defaults (the system roots, no client certificate).
+	LoadTLSConfig *reverseproxy.TLSConfig `json:"load_tls_config,omitempty"`
 
 	// A bearer token sent with each load poll, for workers started with --api-key. Placeholders such
 	// as {env.SGLANG_API_KEY} are replaced once at provisioning. Never logged or shown.
@@ -156,10 +165,12 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	if handler == nil {
 		return nil
 	}
-	if p.LoadTLS == nil {
-		if t, ok := handler.Transport.(*reverseproxy.HTTPTransport); ok && t.TLSEnabled() {
-			p.spec.tls = true
-		}
+	transport, _ := handler.Transport.(*reverseproxy.HTTPTransport)
+	if p.LoadTLS == nil && transport != nil && transport.TLSEnabled() {
+		p.spec.tls = true
+	}
+	if err := p.provisionTLS(ctx, transport); err != nil {
+		return err
 	}
 	for _, u := range handler.Upstreams {
 		if strings.Contains(u.Dial, "{") {
@@ -170,6 +181,27 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 		}
 	}
 	p.index.Store(newPoolIndex(handler.Upstreams, *p.endpoints.Load()))
+	return nil
+}
+
+// provisionTLS builds the polls' TLS config from load_tls_config, else from the proxy's transport, with
+// Caddy's own construction (TLSConfig.MakeTLSClientConfig).
+func (p *Policy) provisionTLS(ctx caddy.Context, transport *reverseproxy.HTTPTransport) error {
+	settings, option := p.LoadTLSConfig, "load_tls_config"
+	if settings == nil && transport != nil {
+		settings, option = transport.TLS, "the reverse proxy transport's tls settings"
+	}
+	if settings == nil || !p.spec.tls {
+		return nil
+	}
+	cfg, err := settings.MakeTLSClientConfig(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: %w", option, err)
+	}
+	if cfg != nil && strings.Contains(cfg.ServerName, "{") {
+		cfg.ServerName = "" // a per-request placeholder: polls are no request; verify the polled host
+	}
+	p.spec.tlsConfig = cfg
 	return nil
 }
 
@@ -197,6 +229,12 @@ func (p *Policy) parseOptions() error {
 	}
 	if p.LoadTLS != nil {
 		p.spec.tls = *p.LoadTLS
+	}
+	if p.LoadTLSConfig != nil {
+		if p.LoadTLS != nil && !*p.LoadTLS {
+			return errors.New("load_tls_config: set while load_tls is off")
+		}
+		p.spec.tls = true
 	}
 	var err error
 	if p.metric, err = loadpolicy.ParseMetric(p.Metric); err != nil {
