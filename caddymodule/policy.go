@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"cmp"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -184,22 +185,24 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// provisionTLS builds the polls' TLS config from load_tls_config, else from the proxy's transport, with
-// Caddy's own construction (TLSConfig.MakeTLSClientConfig).
+// provisionTLS gives the polls the TLS config of load_tls_config, built by Caddy's own construction
+// (TLSConfig.MakeTLSClientConfig), else the one the proxy's transport built for itself.
 func (p *Policy) provisionTLS(ctx caddy.Context, transport *reverseproxy.HTTPTransport) error {
-	settings, option := p.LoadTLSConfig, "load_tls_config"
-	if settings == nil && transport != nil {
-		settings, option = transport.TLS, "the reverse proxy transport's tls settings"
-	}
-	if settings == nil || !p.spec.tls {
+	if !p.spec.tls {
 		return nil
 	}
-	cfg, err := settings.MakeTLSClientConfig(ctx)
-	if err != nil {
-		return fmt.Errorf("%s: %w", option, err)
+	var cfg *tls.Config
+	switch {
+	case p.LoadTLSConfig != nil:
+		var err error
+		if cfg, err = p.LoadTLSConfig.MakeTLSClientConfig(ctx); err != nil {
+			return fmt.Errorf("load_tls_config: %w", err)
+		}
+	case transport != nil && transport.TLS != nil && transport.Transport != nil && transport.Transport.TLSClientConfig != nil:
+		cfg = transport.Transport.TLSClientConfig.Clone()
 	}
 	if cfg != nil && strings.Contains(cfg.ServerName, "{") {
-		cfg.ServerName = "" // a per-request placeholder: polls are no request; verify the polled host
+		cfg.ServerName = "" // a per-request placeholder: a poll is no request, so verify the polled host
 	}
 	p.spec.tlsConfig = cfg
 	return nil
