@@ -52,8 +52,9 @@ type Policy struct {
 	// root_ca_pem_files, client_certificate_file and client_certificate_key_file, server_name,
 	// insecure_skip_verify, ...), built the way the transport builds its own. Setting it turns load_tls
 	// on. Default: the reverse proxy's http transport's TLS settings (tls_trust_pool,
-	// tls_trusted_ca_certs, tls_client_auth, tls_server_name, tls_insecure_skip_verify) when it uses
-	// TLS, else Go's defaults (the system roots, no client certificate).
+	// tls_trusted_ca_certs, tls_client_auth, tls_server_name; not tls_insecure_skip_verify, see
+	// load_tls_insecure_skip_verify) when it uses TLS, else Go's defaults (the system roots, no client
+	// certificate).
 	LoadTLSConfig *reverseproxy.TLSConfig `json:"load_tls_config,omitempty"`
 
 	// A bearer token sent with each load poll, for workers started with --api-key. Placeholders such
@@ -200,6 +201,9 @@ func (p *Policy) provisionTLS(ctx caddy.Context, transport *reverseproxy.HTTPTra
 		}
 	case transport != nil && transport.TLS != nil && transport.Transport != nil && transport.Transport.TLSClientConfig != nil:
 		cfg = transport.Transport.TLSClientConfig.Clone()
+		// The proxy's opt-out of verification does not carry over: polls skip it only with
+		// load_tls_insecure_skip_verify, so that a load port is never left unverified unawares.
+		cfg.InsecureSkipVerify = false
 	}
 	if cfg != nil && strings.Contains(cfg.ServerName, "{") {
 		cfg.ServerName = "" // a per-request placeholder: a poll is no request, so verify the polled host
