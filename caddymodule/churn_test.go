@@ -87,11 +87,11 @@ func TestDynamicChurn(t *testing.T) {
 		}
 		if i%50 == 0 {
 			// Pollers: the live addresses, plus those that left within forget_after and the time a
-			// sweep, a DNS refresh and a marking pass may add (and the admin call's own latency).
+			// sweep, a DNS refresh and a marking pass may add (and 3s of scheduling delay on a loaded machine).
 			n := len(workers(t))
 			bound := live
 			for _, at := range leftAt {
-				if time.Since(at) < forgetAfter+refresh+2*forgetAfter/4+time.Second {
+				if time.Since(at) < forgetAfter+refresh+2*forgetAfter/4+3*time.Second {
 					bound++
 				}
 			}
