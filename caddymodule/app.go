@@ -3,7 +3,10 @@
 package caddymodule
 
 import (
+	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -43,7 +46,14 @@ type App struct {
 	// as in the Caddyfile, not "no limit".
 	MaxConcurrentPolls *int `json:"max_concurrent_polls,omitempty"`
 
-	interval, timeout, staleAfter time.Duration
+	// How long an upstream address of a dynamic pool (`dynamic a`, `srv`, `multi`, ...) keeps being
+	// polled once the pools the proxy offers the policy no longer hold it; then its poller stops and it
+	// leaves the admin view and the metrics, and if it comes back it is polled again at once. Time
+	// without traffic does not count: an idle proxy keeps polling the addresses it last saw. Static
+	// upstreams are never forgotten. Default: 2 times stale_after of the address's group. Must be > 0.
+	ForgetAfter *caddy.Duration `json:"forget_after,omitempty"`
+
+	interval, timeout, staleAfter, forgetAfter time.Duration
 
 	ctx     caddy.Context
 	logger  *zap.Logger
@@ -52,6 +62,9 @@ type App struct {
 
 	mu        sync.Mutex
 	endpoints map[string]*endpoint
+	sweepers  map[*Policy]struct{} // policies with dynamic upstreams to forget
+	stopSweep context.CancelFunc
+	sweepDone chan struct{}
 
 	// fleetSpeed is the fastest decode speed alone a worker has reported lately.
 	fleetSpeed fleetSpeed
@@ -84,6 +97,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.events = eventsApp.(*caddyevents.App)
 	a.endpoints = make(map[string]*endpoint)
+	a.sweepers = make(map[*Policy]struct{})
 	if err := a.registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
@@ -112,6 +126,9 @@ func (a *App) resolveDurations() error {
 	if a.staleAfter, err = positive("stale_after", a.StaleAfter); err != nil {
 		return err
 	}
+	if a.forgetAfter, err = positive("forget_after", a.ForgetAfter); err != nil {
+		return err
+	}
 	if a.interval == 0 {
 		a.interval = DefaultInterval
 	}
@@ -134,16 +151,87 @@ func (a *App) staleAfterFor(interval time.Duration) time.Duration {
 	return staleIntervals * interval
 }
 
-// Start starts polling. Polling never starts in Provision, so `caddy validate` polls nobody.
+// forgetAfterFor is how long a dynamic upstream of a group polled every interval is kept unseen.
+func (a *App) forgetAfterFor(interval time.Duration) time.Duration {
+	if a.forgetAfter > 0 {
+		return a.forgetAfter
+	}
+	return forgetStaleAfters * a.staleAfterFor(interval)
+}
+
+// forgetStaleAfters is the default forget_after in multiples of stale_after: an address gone from DNS
+// is kept long enough that a lookup failing for a moment does not lose its report.
+const forgetStaleAfters = 2
+
+// Start starts polling and forgetting departed dynamic upstreams. Polling never starts in Provision,
+// so `caddy validate` polls nobody.
 func (a *App) Start() error {
 	a.monitor.Start()
+	ctx, cancel := context.WithCancel(context.Background())
+	a.stopSweep, a.sweepDone = cancel, make(chan struct{})
+	go a.sweepLoop(ctx, a.sweepTick(), a.sweepDone)
 	return nil
 }
 
 // Stop stops polling and waits for the pollers to end.
 func (a *App) Stop() error {
+	if a.stopSweep != nil {
+		a.stopSweep()
+		<-a.sweepDone
+		a.stopSweep = nil
+	}
 	a.monitor.Stop()
 	return nil
+}
+
+// Bounds of the sweep period, a quarter of the shortest forget_after: often enough that an address is
+// forgotten within 1.25 forget_after, and a sweep is a walk over the dynamic addresses only.
+const (
+	minSweepTick = 10 * time.Millisecond
+	maxSweepTick = time.Second
+)
+
+func (a *App) sweepTick() time.Duration {
+	tick := maxSweepTick
+	for _, p := range a.sweeperList() {
+		tick = min(tick, p.forgetAfter/4)
+	}
+	return max(tick, minSweepTick)
+}
+
+// sweepLoop forgets, every tick, the dynamic upstreams that no policy has seen for its forget_after.
+func (a *App) sweepLoop(ctx context.Context, tick time.Duration, done chan struct{}) {
+	defer close(done)
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			for _, p := range a.sweeperList() {
+				p.sweep(now)
+			}
+		}
+	}
+}
+
+func (a *App) addSweeper(p *Policy) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.sweepers[p] = struct{}{}
+}
+
+func (a *App) removeSweeper(p *Policy) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.sweepers, p)
+}
+
+func (a *App) sweeperList() []*Policy {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Collect(maps.Keys(a.sweepers))
 }
 
 // Cleanup releases what Provision and the policies' registrations hold.

@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/caddyserver/caddy/v2/modules/caddytls"
 )
 
 func init() {
@@ -22,6 +23,7 @@ func init() {
 //		interval             <duration>
 //		timeout              <duration>
 //		stale_after          <duration>
+//		forget_after         <duration>
 //		max_concurrent_polls <n>
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
@@ -40,7 +42,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	for d.NextBlock(0) {
 		switch name := d.Val(); name {
-		case "interval", "timeout", "stale_after":
+		case "interval", "timeout", "stale_after", "forget_after":
 			dur, err := parsePositiveDuration(d)
 			if err != nil {
 				return err
@@ -50,6 +52,8 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				a.Interval = &dur
 			case "timeout":
 				a.Timeout = &dur
+			case "forget_after":
+				a.ForgetAfter = &dur
 			default:
 				a.StaleAfter = &dur
 			}
@@ -71,7 +75,12 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	lb_policy sglang_load {
 //		load_transport http|grpc
 //		load_port      <port>
-//		load_tls       [on|off]
+//		load_tls       [on|off] {
+//			ca          <pem files...>
+//			client_cert <cert file> <key file>
+//			server_name <name>
+//			insecure_skip_verify
+//		}
 //		load_tls_insecure_skip_verify
 //		api_key        <token>
 //		interval       <duration>
@@ -125,6 +134,9 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			p.LoadTLS = &on
+			if err := p.unmarshalLoadTLS(d); err != nil {
+				return err
+			}
 		case "load_tls_insecure_skip_verify":
 			if d.NextArg() {
 				return d.ArgErr()
@@ -265,6 +277,44 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	// Reject bad metric and choose values at adapt time too, with the directive's position.
 	if err := p.parseOptions(); err != nil {
 		return d.Err(err.Error())
+	}
+	return nil
+}
+
+// unmarshalLoadTLS reads the optional block of load_tls into LoadTLSConfig.
+func (p *Policy) unmarshalLoadTLS(d *caddyfile.Dispenser) error {
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if p.LoadTLSConfig == nil {
+			p.LoadTLSConfig = new(reverseproxy.TLSConfig)
+		}
+		cfg := p.LoadTLSConfig
+		switch name := d.Val(); name {
+		case "ca":
+			files := d.RemainingArgs()
+			if len(files) == 0 {
+				return d.Errf("load_tls ca: want one or more PEM files")
+			}
+			cfg.CARaw = caddyconfig.JSONModuleObject(caddytls.FileCAPool{TrustedCACertPEMFiles: files}, "provider", "file", nil)
+		case "client_cert":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return d.Errf("load_tls client_cert: want <cert file> <key file>, got %q", args)
+			}
+			cfg.ClientCertificateFile, cfg.ClientCertificateKeyFile = args[0], args[1]
+		case "server_name":
+			v, err := oneArg(d)
+			if err != nil {
+				return d.Errf("load_tls %v", err)
+			}
+			cfg.ServerName = v
+		case "insecure_skip_verify":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			cfg.InsecureSkipVerify = true
+		default:
+			return d.Errf("load_tls: unrecognized option %s: want ca, client_cert, server_name or insecure_skip_verify", name)
+		}
 	}
 	return nil
 }

@@ -65,7 +65,7 @@ func TestHandWrittenJSONEqualsCaddyfile(t *testing.T) {
 	}
 	var fromCaddyfile, fromJSON caddymodule.App
 	decode(string(adapted.Apps.SGLang), &fromCaddyfile)
-	decode(`{"interval": "5s", "timeout": "1s", "stale_after": "20s", "max_concurrent_polls": 16}`, &fromJSON)
+	decode(`{"interval": "5s", "timeout": "1s", "stale_after": "20s", "forget_after": "2m", "max_concurrent_polls": 16}`, &fromJSON)
 	// Compare what the two configure, re-encoded: App holds unexported runtime state too.
 	if c, j := mustJSON(t, &fromCaddyfile), mustJSON(t, &fromJSON); c != j {
 		t.Errorf("app: Caddyfile gives %s, JSON %s", c, j)
@@ -75,6 +75,9 @@ func TestHandWrittenJSONEqualsCaddyfile(t *testing.T) {
 	var pc, pj map[string]any
 	decode(string(policyRaw), &pc)
 	decode(`{"policy": "sglang_load", "load_transport": "grpc", "load_port": 30010, "load_tls": true,
+		"load_tls_config": {"ca": {"provider": "file", "pem_files": ["/etc/caddy/workers-ca.pem"]},
+			"client_certificate_file": "/etc/caddy/client.pem", "client_certificate_key_file": "/etc/caddy/client.key",
+			"server_name": "worker.internal"},
 		"load_tls_insecure_skip_verify": true, "api_key": "secret-token", "interval": 2000000000,
 		"metric": "token_usage", "choose": "least", "fallback": {"policy": "random_choose", "choose": 3}}`, &pj)
 	if !reflect.DeepEqual(pc, pj) {
@@ -102,6 +105,8 @@ func TestInvalidCaddyfileValues(t *testing.T) {
 		{global: "timeout 0", want: `timeout: must be > 0, got "0"`},
 		{global: "stale_after -1m", want: `stale_after: must be > 0, got "-1m"`},
 		{global: "stale_after", want: "stale_after: missing value"},
+		{global: "forget_after 0s", want: `forget_after: must be > 0, got "0s"`},
+		{global: "forget_after later", want: `forget_after: invalid duration "later"`},
 		{global: "interval 1s 2s", want: "interval: too many values"},
 		{global: "max_concurrent_polls 0", want: `max_concurrent_polls: want an integer from 1 to 1048576, got "0"`},
 		{global: "jitter 1", want: "unrecognized subdirective jitter"},
@@ -112,6 +117,11 @@ func TestInvalidCaddyfileValues(t *testing.T) {
 		{policy: "metric tokens", want: `metric: unknown metric "tokens"`},
 		{policy: "choose p2c", want: `choose: unknown choice "p2c"`},
 		{policy: "load_tls maybe", want: `load_tls: want on or off, got "maybe"`},
+		{policy: "load_tls {\n ca\n }", want: "load_tls ca: want one or more PEM files"},
+		{policy: "load_tls {\n client_cert only.pem\n }", want: `load_tls client_cert: want <cert file> <key file>, got ["only.pem"]`},
+		{policy: "load_tls {\n server_name\n }", want: "load_tls server_name: missing value"},
+		{policy: "load_tls {\n ciphers all\n }", want: "load_tls: unrecognized option ciphers"},
+		{policy: "load_tls off {\n server_name w\n }", want: "load_tls_config: set while load_tls is off"},
 		{policy: "fallback nosuchpolicy", want: "nosuchpolicy"},
 		{policy: "bogus 1", want: "unrecognized subdirective bogus"},
 		{policy: "default_max_tokens 0", want: `default_max_tokens: want an integer from 1 to 2147483647, got "0"`},
@@ -150,6 +160,7 @@ func TestInvalidJSONValues(t *testing.T) {
 		{app: `"stale_after": 0`, want: "stale_after: must be > 0, got 0s"},
 		{app: `"max_concurrent_polls": -1`, want: "max_concurrent_polls: must be >= 1, got -1"},
 		{app: `"max_concurrent_polls": 0`, want: "max_concurrent_polls: must be >= 1, got 0"},
+		{app: `"forget_after": "-1s"`, want: "forget_after: must be > 0, got -1s"},
 		{policy: `"load_transport": "udp"`, want: `load_transport: unknown transport "udp"`},
 		{policy: `"load_port": 70000`, want: "load_port: 70000 is not a port number"},
 		{policy: `"interval": "-2s"`, want: "interval: must be > 0, got -2s"},
@@ -161,6 +172,8 @@ func TestInvalidJSONValues(t *testing.T) {
 		{policy: `"affinity": "suffix"`, want: `affinity: unknown mode "suffix"`},
 		{policy: `"affinity": "header"`, want: "affinity: header needs a header name"},
 		{policy: `"affinity": "prefix", "affinity_balance": 0.5`, want: "affinity_balance: must be a finite number >= 1, got 0.5"},
+		{policy: `"load_tls_config": {"client_certificate_file": "c.pem"}`, want: "load_tls_config: client_certificate_file specified without client_certificate_key_file"},
+		{policy: `"load_tls_config": {"ca": {"provider": "file", "pem_files": ["/no/such/ca.pem"]}}`, want: "load_tls_config: "},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"maps"
 	"math"
@@ -48,6 +49,7 @@ type endpointSpec struct {
 	transport          string // transportHTTP or transportGRPC
 	address            string // host:port of the load endpoint
 	tls                bool
+	tlsConfig          *tls.Config // nil: Go's defaults; shared, never modified
 	insecureSkipVerify bool
 	apiKey             string
 	interval           time.Duration
@@ -74,6 +76,10 @@ type endpoint struct {
 	// host is the proxy's shared per-address state of the upstream this endpoint measures, from which
 	// in-flight counts are read. Set by Select, read when a poll answers.
 	host atomic.Pointer[reverseproxy.Host]
+
+	// seen is when, in Unix milliseconds of Select's clock, a policy last found this endpoint's
+	// upstream in a dynamic pool; a policy forgets its dynamic upstreams unseen for forget_after.
+	seen atomic.Int64
 
 	// upstreams counts the registrations of each upstream dial address measured here; guarded by App.mu.
 	upstreams map[string]int
@@ -170,6 +176,14 @@ func (ep *endpoint) candidate(now time.Time, inflight int64) loadpolicy.Candidat
 func (ep *endpoint) noteHost(h *reverseproxy.Host) {
 	if h != nil && ep.host.Load() != h {
 		ep.host.Store(h)
+	}
+}
+
+// markSeen notes that the upstream was in a pool at ms; stored only when it changed, so that the
+// Select calls of one clock tick do not write the same cache line over and over.
+func (ep *endpoint) markSeen(ms int64) {
+	if ep.seen.Load() != ms {
+		ep.seen.Store(ms)
 	}
 }
 

@@ -12,8 +12,12 @@ import (
 func newFetcher(spec endpointSpec) (monitor.Fetcher, error) {
 	var tlsConfig *tls.Config
 	if spec.tls {
+		tlsConfig = new(tls.Config)
+		if spec.tlsConfig != nil {
+			tlsConfig = spec.tlsConfig.Clone()
+		}
 		// Verification stays on unless the config opts out explicitly.
-		tlsConfig = &tls.Config{InsecureSkipVerify: spec.insecureSkipVerify} //nolint:gosec
+		tlsConfig.InsecureSkipVerify = tlsConfig.InsecureSkipVerify || spec.insecureSkipVerify //nolint:gosec
 	}
 	switch spec.transport {
 	case transportGRPC:

@@ -2,7 +2,9 @@ package caddymodule
 
 import (
 	"cmp"
+	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -44,6 +46,15 @@ type Policy struct {
 
 	// Skip verification of the load endpoint's TLS certificate. Default: false (verify).
 	LoadTLSInsecureSkipVerify bool `json:"load_tls_insecure_skip_verify,omitempty"`
+
+	// TLS settings of the load polls, with the fields of the http transport's `tls` settings (ca,
+	// root_ca_pem_files, client_certificate_file and client_certificate_key_file, server_name,
+	// insecure_skip_verify, ...), built the way the transport builds its own. Setting it turns load_tls
+	// on. Default: the reverse proxy's http transport's TLS settings (tls_trust_pool,
+	// tls_trusted_ca_certs, tls_client_auth, tls_server_name; not tls_insecure_skip_verify, see
+	// load_tls_insecure_skip_verify) when it uses TLS, else Go's defaults (the system roots, no client
+	// certificate).
+	LoadTLSConfig *reverseproxy.TLSConfig `json:"load_tls_config,omitempty"`
 
 	// A bearer token sent with each load poll, for workers started with --api-key. Placeholders such
 	// as {env.SGLANG_API_KEY} are replaced once at provisioning. Never logged or shown.
@@ -130,8 +141,13 @@ type Policy struct {
 
 	mu        sync.Mutex                           // serialises registration
 	endpoints atomic.Pointer[map[string]*endpoint] // by upstream dial address; copy on write
-	index     atomic.Pointer[poolIndex]            // the static pool's endpoints by position
-	skipped   sync.Map                             // dial addresses that cannot be polled, logged once
+	late      map[string]struct{}                  // dial addresses first seen in Select; guarded by mu
+	marked    atomic.Int64                         // Unix ms of Select's last pass over a dynamic pool
+	markEvery int64                                // ms between those passes
+	// forgetAfter is how long a dynamic upstream stays registered unseen (App.ForgetAfter).
+	forgetAfter time.Duration
+	index       atomic.Pointer[poolIndex] // the static pool's endpoints by position
+	skipped     sync.Map                  // dial addresses that cannot be polled, logged once
 }
 
 // CaddyModule returns the Caddy module information.
@@ -165,25 +181,57 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	}
 	p.app = appIface.(*App)
 	p.endpoints.Store(&map[string]*endpoint{})
+	p.late = make(map[string]struct{})
+	p.forgetAfter = p.app.forgetAfterFor(cmp.Or(p.spec.interval, p.app.interval))
+	p.markEvery = min(p.forgetAfter/4, maxMarkEvery).Milliseconds()
+	p.app.addSweeper(p)
 
 	handler := parentHandler(ctx)
 	if handler == nil {
 		return nil
 	}
-	if p.LoadTLS == nil {
-		if t, ok := handler.Transport.(*reverseproxy.HTTPTransport); ok && t.TLSEnabled() {
-			p.spec.tls = true
-		}
+	transport, _ := handler.Transport.(*reverseproxy.HTTPTransport)
+	if p.LoadTLS == nil && transport != nil && transport.TLSEnabled() {
+		p.spec.tls = true
+	}
+	if err := p.provisionTLS(ctx, transport); err != nil {
+		return err
 	}
 	for _, u := range handler.Upstreams {
 		if strings.Contains(u.Dial, "{") {
 			continue // a placeholder: registered per address on first sight in Select
 		}
-		if _, err := p.register(u.Dial); err != nil {
+		if _, err := p.register(u.Dial, false); err != nil {
 			return err
 		}
 	}
 	p.index.Store(newPoolIndex(handler.Upstreams, *p.endpoints.Load()))
+	return nil
+}
+
+// provisionTLS gives the polls the TLS config of load_tls_config, built by Caddy's own construction
+// (TLSConfig.MakeTLSClientConfig), else the one the proxy's transport built for itself.
+func (p *Policy) provisionTLS(ctx caddy.Context, transport *reverseproxy.HTTPTransport) error {
+	if !p.spec.tls {
+		return nil
+	}
+	var cfg *tls.Config
+	switch {
+	case p.LoadTLSConfig != nil:
+		var err error
+		if cfg, err = p.LoadTLSConfig.MakeTLSClientConfig(ctx); err != nil {
+			return fmt.Errorf("load_tls_config: %w", err)
+		}
+	case transport != nil && transport.TLS != nil && transport.Transport != nil && transport.Transport.TLSClientConfig != nil:
+		cfg = transport.Transport.TLSClientConfig.Clone()
+		// The proxy's opt-out of verification does not carry over: polls skip it only with
+		// load_tls_insecure_skip_verify, so that a load port is never left unverified unawares.
+		cfg.InsecureSkipVerify = false
+	}
+	if cfg != nil && strings.Contains(cfg.ServerName, "{") {
+		cfg.ServerName = "" // a per-request placeholder: a poll is no request, so verify the polled host
+	}
+	p.spec.tlsConfig = cfg
 	return nil
 }
 
@@ -211,6 +259,12 @@ func (p *Policy) parseOptions() error {
 	}
 	if p.LoadTLS != nil {
 		p.spec.tls = *p.LoadTLS
+	}
+	if p.LoadTLSConfig != nil {
+		if p.LoadTLS != nil && !*p.LoadTLS {
+			return errors.New("load_tls_config: set while load_tls is off")
+		}
+		p.spec.tls = true
 	}
 	var err error
 	if p.metric, err = loadpolicy.ParseMetric(p.Metric); err != nil {
@@ -317,8 +371,14 @@ func parentHandler(ctx caddy.Context) *reverseproxy.Handler {
 	return nil
 }
 
-// register starts monitoring the upstream dialled at dial, once per policy.
-func (p *Policy) register(dial string) (*endpoint, error) {
+// maxMarkEvery bounds how long Select waits between passes over a dynamic pool (a quarter of
+// forget_after when shorter): a pass registers addresses that power-of-two has not sampled yet, so
+// they are polled at once, and marks the known ones seen.
+const maxMarkEvery = time.Second
+
+// register starts monitoring the upstream dialled at dial, once per policy. A late registration is of
+// an upstream first seen in Select, which is forgotten once it is unseen for forget_after.
+func (p *Policy) register(dial string, late bool) (*endpoint, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cur := *p.endpoints.Load()
@@ -335,6 +395,10 @@ func (p *Policy) register(dial string) (*endpoint, error) {
 	if err != nil {
 		return nil, err
 	}
+	if late {
+		ep.markSeen(clock.Now().UnixMilli())
+		p.late[dial] = struct{}{}
+	}
 	next := maps.Clone(cur)
 	next[dial] = ep
 	p.endpoints.Store(&next)
@@ -343,6 +407,9 @@ func (p *Policy) register(dial string) (*endpoint, error) {
 
 // Select picks an available upstream by load; see Policy.
 func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	if p.index.Load().of(pool) == nil {
+		p.markPool(pool, clock.Now()) // a dynamic pool: register new addresses, mark known ones seen
+	}
 	switch {
 	case p.affinityIndex != nil:
 		return p.selectByAffinity(pool, r, w)
@@ -415,7 +482,7 @@ func (p *Policy) registerLate(dial string) *endpoint {
 	if _, bad := p.skipped.Load(dial); bad {
 		return nil
 	}
-	ep, err := p.register(dial)
+	ep, err := p.register(dial, true)
 	if err != nil {
 		p.skipped.Store(dial, struct{}{})
 		p.logger.Warn("not monitoring upstream load", zap.String("upstream", dial), zap.Error(err))
@@ -424,15 +491,69 @@ func (p *Policy) registerLate(dial string) *endpoint {
 	return ep
 }
 
+// markPool marks every upstream of a dynamic pool seen, and registers the new ones, at most once
+// every markEvery: a walk over the pool, without allocating unless an address is new.
+func (p *Policy) markPool(pool reverseproxy.UpstreamPool, now time.Time) {
+	ms := now.UnixMilli()
+	last := p.marked.Load()
+	if ms-last < p.markEvery || !p.marked.CompareAndSwap(last, ms) {
+		return
+	}
+	eps := *p.endpoints.Load()
+	for _, u := range pool {
+		if ep := eps[u.Dial]; ep != nil {
+			ep.markSeen(ms)
+		} else {
+			p.registerLate(u.Dial)
+		}
+	}
+}
+
+// sweep forgets the dynamic upstreams absent from the pools Select was offered over the last
+// forget_after: their polling stops, and they leave the admin view and the metrics once no other policy
+// or config monitors them. The span is measured up to Select's last pass, not to now, so a proxy
+// without traffic keeps polling the addresses it last saw.
+func (p *Policy) sweep(now time.Time) {
+	limit := p.marked.Load() - p.forgetAfter.Milliseconds()
+	p.mu.Lock()
+	cur := *p.endpoints.Load()
+	var gone []string
+	for dial := range p.late {
+		if ep := cur[dial]; ep == nil || ep.seen.Load() < limit {
+			gone = append(gone, dial)
+		}
+	}
+	if len(gone) == 0 {
+		p.mu.Unlock()
+		return
+	}
+	next := maps.Clone(cur)
+	for _, dial := range gone {
+		delete(next, dial)
+		delete(p.late, dial)
+	}
+	p.endpoints.Store(&next)
+	p.mu.Unlock()
+	for _, dial := range gone {
+		if ep := cur[dial]; ep != nil {
+			p.app.unregister(ep, dial)
+			p.logger.Info("forgetting upstream that left the pool", zap.String("upstream", dial),
+				zap.String("endpoint", ep.key), zap.Duration("unseen_for", now.Sub(time.UnixMilli(ep.seen.Load())).Round(time.Millisecond)))
+		}
+	}
+}
+
 // Cleanup stops monitoring this policy's upstreams.
 func (p *Policy) Cleanup() error {
 	if p.app == nil {
 		return nil
 	}
+	p.app.removeSweeper(p)
 	p.mu.Lock()
 	eps := p.endpoints.Load()
 	p.endpoints.Store(&map[string]*endpoint{})
 	p.index.Store(nil)
+	clear(p.late)
 	p.mu.Unlock()
 	if eps != nil {
 		for dial, ep := range *eps {

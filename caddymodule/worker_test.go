@@ -3,9 +3,11 @@ package caddymodule_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,18 +24,41 @@ type testWorker struct {
 	hanging   atomic.Bool
 	noLoads   atomic.Bool // answer 404 on the load endpoints
 	release   chan struct{}
+	stopOnce  sync.Once
 }
 
 func newTestWorker(t *testing.T, name string, tokenUsage float64, waiting int) *testWorker {
 	t.Helper()
+	return startTestWorker(t, name, tokenUsage, waiting, nil)
+}
+
+// startTestWorker is newTestWorker serving on ln, or on 127.0.0.1:0 when ln is nil.
+func startTestWorker(t *testing.T, name string, tokenUsage float64, waiting int, ln net.Listener) *testWorker {
+	t.Helper()
+	w := serveTestWorker(name, tokenUsage, waiting, ln)
+	t.Cleanup(w.stop)
+	return w
+}
+
+// serveTestWorker is startTestWorker for a caller that stops the worker itself.
+func serveTestWorker(name string, tokenUsage float64, waiting int, ln net.Listener) *testWorker {
 	w := &testWorker{name: name, release: make(chan struct{})}
 	w.setLoad(tokenUsage, waiting)
-	w.srv = httptest.NewServer(http.HandlerFunc(w.serve))
-	t.Cleanup(func() {
+	w.srv = httptest.NewUnstartedServer(http.HandlerFunc(w.serve))
+	if ln != nil {
+		w.srv.Listener.Close()
+		w.srv.Listener = ln
+	}
+	w.srv.Start()
+	return w
+}
+
+// stop closes the worker's server; it may be called more than once.
+func (w *testWorker) stop() {
+	w.stopOnce.Do(func() {
 		close(w.release)
 		w.srv.Close()
 	})
-	return w
 }
 
 // setLoad sets the load the worker reports, in the current /v1/loads shape.
