@@ -29,6 +29,8 @@ func newFleet(x *Index, n int) *fleet {
 func (f *fleet) Len() int            { return len(f.workers) }
 func (f *fleet) Worker(i int) Worker { return f.workers[i] }
 func (f *fleet) Load(i int) float64  { return f.inflight[i] }
+func (f *fleet) Weight(int) float64  { return 1 }
+func (f *fleet) Alone(int) float64   { return float64(f.prompt) / f.prefill }
 func (f *fleet) Cost(i int, cached int64) (float64, bool) {
 	if f.down[i] {
 		return 0, false
@@ -139,7 +141,8 @@ func TestChooseBoundHoldsUnderZipf(t *testing.T) {
 		for _, l := range f.inflight {
 			total += l
 		}
-		bound := math.Ceil(factor * (total + 1) / n)
+		mean := (total + 1) / n
+		bound := math.Ceil(max(factor*mean, mean+BalanceSlack))
 		got := x.Choose(key, f, factor)
 		if got.Index < 0 {
 			t.Fatal("no choice")
@@ -175,8 +178,9 @@ func TestChooseHotPrefixSpillsInRendezvousOrder(t *testing.T) {
 		}
 		order = append(order, best)
 	}
-	// The first worker is at the bound; nobody has the key yet: it goes to the second in order.
-	f.inflight[order[0]] = 3
+	// The first worker is over the bound (the mean plus BalanceSlack, rounded up); nobody has the key
+	// yet: it goes to the second in order.
+	f.inflight[order[0]] = BalanceSlack + 2
 	got := x.Choose(key, f, 1.25)
 	if got.Index != order[1] || got.Outcome != Followed {
 		t.Fatalf("chose %+v, want the second in rendezvous order %d (order %v)", got, order[1], order)

@@ -83,7 +83,7 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, r *http.Reques
 	c := &st.cands
 	*c = affinityCandidates{p: p, pool: pool, eps: *p.endpoints.Load(), byIndex: p.index.Load().of(pool),
 		now: clock.Now(), size: st.size, params: p.costParams()}
-	c.weighLoads()
+	c.weighByCaps()
 	choice := p.affinityIndex.Choose(st.key, c, p.AffinityBalance)
 	if choice.Index < 0 {
 		return p.selectFallback(pool, r, w)
@@ -111,23 +111,23 @@ type affinityCandidates struct {
 	size    loadpolicy.Request
 	params  loadpolicy.CostParams
 	workers [64]affinity.Worker
-	// scale turns the in-flight count of each of the first len(scale) positions into requests of a
-	// worker of the fleet's mean batch cap, so the balance bound holds a 4x worker to four times a 1x
-	// one's count; 0 where unknown (a count as it is).
-	scale [64]float64
+	// caps are the batch caps (max_running_requests) of the first len(caps) positions, the fleet's mean
+	// where unknown: a worker's share of the keys. Positions past them weigh
+	// meanCap.
+	caps    [64]float64
+	meanCap float64
 }
 
-// weighLoads sets scale from the batch caps (max_running_requests) of the fresh reports.
-func (c *affinityCandidates) weighLoads() {
-	n := min(len(c.pool), len(c.scale))
-	var caps [64]float64
+// weighByCaps sets caps from the batch caps of the fresh reports.
+func (c *affinityCandidates) weighByCaps() {
+	n := min(len(c.pool), len(c.caps))
 	var sum float64
 	known := 0
 	for i := range n {
 		if ep := c.endpoint(i); ep != nil {
 			if rep := ep.fresh(c.now); rep != nil && rep.MaxRunning > 0 {
-				caps[i] = float64(rep.MaxRunning)
-				sum += caps[i]
+				c.caps[i] = float64(rep.MaxRunning)
+				sum += c.caps[i]
 				known++
 			}
 		}
@@ -135,10 +135,10 @@ func (c *affinityCandidates) weighLoads() {
 	if known == 0 {
 		return
 	}
-	mean := sum / float64(known)
+	c.meanCap = sum / float64(known)
 	for i := range n {
-		if caps[i] > 0 {
-			c.scale[i] = mean / caps[i]
+		if c.caps[i] == 0 {
+			c.caps[i] = c.meanCap // an unknown worker takes a mean share
 		}
 	}
 }
@@ -161,12 +161,23 @@ func (c *affinityCandidates) Worker(i int) affinity.Worker {
 	return w
 }
 
-func (c *affinityCandidates) Load(i int) float64 {
-	load := float64(c.pool[i].NumRequests())
-	if i < len(c.scale) && c.scale[i] > 0 {
-		load *= c.scale[i]
+func (c *affinityCandidates) Load(i int) float64 { return float64(c.pool[i].NumRequests()) }
+
+// Weight is the upstream's batch cap (the fleet's mean where unknown), 0 (all alike) when none is known.
+func (c *affinityCandidates) Weight(i int) float64 {
+	if i < len(c.caps) {
+		return c.caps[i]
 	}
-	return load
+	return c.meanCap
+}
+
+func (c *affinityCandidates) Alone(i int) float64 {
+	if ep := c.endpoint(i); ep != nil {
+		if rep := ep.fresh(c.now); rep != nil {
+			return rep.AloneCost(c.size, &c.params)
+		}
+	}
+	return 0
 }
 
 func (c *affinityCandidates) Cost(i int, cached int64) (float64, bool) {

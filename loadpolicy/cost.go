@@ -249,11 +249,7 @@ func (r *Report) Cost(req Request, cached int64, since Since, p *CostParams) flo
 		batch = min(batch, w.maxBatch)
 	}
 	invHalving := 1 / atLeast(p.DecodeBatchHalving, 1)
-	alone := p.DecodeTokensPerSec // one request's speed in a batch of its own
-	if w.decode > 0 {
-		alone = max(w.decodePerRequest*(1+w.decodeAtLess1*invHalving), w.aloneFloor)
-	}
-	alone = atLeast(alone, 1e-3)
+	alone := w.aloneSpeed(p, invHalving)
 	slowdown := 1 + float64(batch-1)*invHalving
 	secondsPerToken := slowdown / alone // per request, in the batch it joins
 	decode := out * secondsPerToken
@@ -281,11 +277,7 @@ func (r *Report) Cost(req Request, cached int64, since Since, p *CostParams) flo
 	// Prefill: the queued prompts ahead, plus the uncached prompts of the requests sent since that have
 	// not finished (a finished request was prefilled), less what the worker prefilled since; then this
 	// prompt's uncached part on one rank.
-	speed := p.PrefillTokensPerSec
-	if w.prefillOK {
-		speed = w.prefill
-	}
-	invSpeed := 1 / atLeast(speed, 1)
+	invSpeed := 1 / w.prefillSpeed(p)
 	var sentAhead float64
 	if sent > 0 {
 		sentAhead = float64(max(since.SentUncached, 0)) * float64(newLeft) / float64(sent)
@@ -295,6 +287,36 @@ func (r *Report) Cost(req Request, cached int64, since Since, p *CostParams) flo
 	prefill := (ahead + uncached*float64(max(w.ranks, 1))) * invSpeed
 
 	return wait + prefill + decode
+}
+
+// AloneCost is the time, in seconds, that req would take on the worker idle with none of its prompt
+// cached: the yardstick that Cost is measured against when workers of different speeds are compared by
+// how much their load and cache stretch a request. +Inf for a report the model cannot price.
+func (r *Report) AloneCost(req Request, p *CostParams) float64 {
+	w := &r.work
+	if !w.has {
+		return math.Inf(1)
+	}
+	prompt := float64(max(req.PromptTokens, 0)) * float64(max(w.ranks, 1))
+	out := float64(max(req.OutputTokens, 1))
+	return prompt/w.prefillSpeed(p) + out/w.aloneSpeed(p, 1/atLeast(p.DecodeBatchHalving, 1))
+}
+
+// aloneSpeed is the decode speed of one request in a batch of its own, tokens/s.
+func (w *workload) aloneSpeed(p *CostParams, invHalving float64) float64 {
+	alone := p.DecodeTokensPerSec
+	if w.decode > 0 {
+		alone = max(w.decodePerRequest*(1+w.decodeAtLess1*invHalving), w.aloneFloor)
+	}
+	return atLeast(alone, 1e-3)
+}
+
+// prefillSpeed is the worker's prefill speed, tokens/s: measured, else the stand-in.
+func (w *workload) prefillSpeed(p *CostParams) float64 {
+	if w.prefillOK {
+		return atLeast(w.prefill, 1)
+	}
+	return atLeast(p.PrefillTokensPerSec, 1)
 }
 
 // atLeast is max(v, lo) for values that are never NaN, without math.Max's NaN and signed-zero care.
