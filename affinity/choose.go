@@ -26,11 +26,6 @@ type Key struct {
 	BlockTokens int64
 	// PromptTokens caps the cached tokens credited to a worker; 0 for no cap.
 	PromptTokens int64
-	// PresumedBlocks caps how many leading blocks the rendezvous-first worker is presumed to hold
-	// (see Choose); 0 presumes all of them. A small cap keeps a prompt no one shares from leaning on
-	// its rendezvous worker by its whole prefill, at the price of replicas agreeing less on where a
-	// new shared prefix goes.
-	PresumedBlocks int
 }
 
 // Candidates are the upstreams a request may go to, as the caller sees them.
@@ -58,7 +53,11 @@ const (
 	NoKey    Outcome = iota // the request has no key: load alone chose
 	Followed                // the chosen worker was credited with the request's cached tokens
 	Yielded                 // the request has a key, but load chose a worker without credit
+	New                     // the key is not known to be shared: load alone chose
 )
+
+// Outcomes are the outcomes, in the order of their values.
+var Outcomes = [...]Outcome{NoKey, Followed, Yielded, New}
 
 func (o Outcome) String() string {
 	switch o {
@@ -66,6 +65,8 @@ func (o Outcome) String() string {
 		return "followed"
 	case Yielded:
 		return "yielded"
+	case New:
+		return "new"
 	}
 	return "no_key"
 }
@@ -78,23 +79,28 @@ type Choice struct {
 	CachedTokens int64
 }
 
-// Choose picks, for a request with a key, the candidate that its load and cache stretch it least on:
-// the least Cost over Alone, each priced with the tokens of the key cached there. A key's home is the
-// first worker within the bound in the weighted rendezvous order of its first RendezvousBlocks blocks
-// (a worker's share of keys in proportion to its Weight, so each worker's cache holds what fits there);
-// it is presumed to hold the whole key (or Key.PresumedBlocks of it, deepened by what the index knows),
-// so Caddy instances that share nothing send a prefix to the same worker. Only the home is credited:
-// crediting every holder the index names would keep a prefix that went elsewhere once on two workers,
-// and the fastest would collect copies of all of them. The choice is a pure function of the key, the
-// candidates' names, weights, loads and costs, and (only where PresumedBlocks caps the presumption) the
-// index.
+// Choose picks a candidate for a request by its key, its load and the cost model.
 //
-// Comparing stretch rather than seconds keeps a prefix on its home when the home is slower but not
-// loaded: in seconds a fast worker would win every key, and its cache could not hold them all. No worker
-// above the bound (factor times the mean load, counting the request being placed, or the mean plus
-// BalanceSlack, whichever is more; DefaultBalanceFactor when factor < 1) is home, so a hot prefix
-// spills to the next worker instead of pinning one. Ties go to the rendezvous order. Candidates whose Worker has ID 0 are skipped; the load mean is over the others.
-// A request without a key goes where it costs the least seconds. It allocates nothing.
+// A key this index has not seen sent anywhere at least half as deep as its prompt (the share the
+// SGLang gateway's cache_threshold asks for) is New: it goes where it costs the least seconds, its home
+// credited with the first RendezvousBlocks blocks only, so prompts that share nothing are routed on
+// load and a near tie goes where the key's next requests will.
+//
+// A key known to be shared goes to its home unless load says otherwise. The home is the first worker
+// within the bound in the weighted rendezvous order of the key's first RendezvousBlocks blocks (a
+// worker's share of keys in proportion to its Weight, so each cache holds what fits there). It alone
+// is credited with the known depth: crediting every worker the index names would keep a prefix that
+// went elsewhere once on two workers, and the fastest would collect copies of all of them. Caddy
+// instances that share nothing agree on the home, from the key, the candidates' names, weights and
+// loads. Candidates are compared by stretch, Cost over Alone: a slow home that is not loaded keeps its
+// keys (in seconds the fastest worker would win them all and its cache could not hold them), and a
+// cache hit on a busy worker loses to a miss on an idle one. Ties go to the rendezvous order.
+//
+// The bound: a worker is within it while its load plus this request stays within factor times the
+// mean load (counting the request; DefaultBalanceFactor when factor < 1), rounded up as HAProxy's
+// hash-balance-factor does, or within the mean plus BalanceSlack, whichever is more. A hot prefix
+// spills to the next worker in rendezvous order instead of pinning one. Candidates whose Worker has
+// ID 0 are skipped; the load mean is over the others. It allocates nothing.
 func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	n := c.Len()
 	if len(key.Blocks) == 0 || key.BlockTokens <= 0 {
@@ -103,10 +109,8 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	if factor < 1 {
 		factor = DefaultBalanceFactor
 	}
-	// The bound, as HAProxy computes it: a worker may take the request while its load plus one stays
-	// within ceil(factor × the mean load after placing it), but never tighter than the mean plus
-	// BalanceSlack. It is not weighted: a faster worker given more keys finishes them sooner, so its
-	// count in flight stays near a slower one's.
+	// The bound is not weighted: a faster worker given more keys finishes them sooner, so its count
+	// in flight stays near a slower one's.
 	var total float64
 	avail := 0
 	for i := range n {
@@ -115,63 +119,60 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 			avail++
 		}
 	}
-	if avail == 0 {
-		return leastCost(c, n)
-	}
-	mean := (total + 1) / float64(avail)
+	mean := (total + 1) / float64(max(avail, 1))
 	bound := math.Ceil(max(factor*mean, mean+BalanceSlack))
 	within := func(i int) bool { return c.Load(i)+1 <= bound }
 
 	rkey := key.Blocks[min(len(key.Blocks), RendezvousBlocks)-1]
-	// The home: the first worker in weighted rendezvous order within the bound.
-	home, bestScore := -1, 0.0
+	home, homeScore := -1, 0.0
 	for i := range n {
 		if w := c.Worker(i); w.ID != 0 && within(i) {
-			if s := weightedRendezvous(rkey, w.Hash, c.Weight(i)); home < 0 || s > bestScore {
-				home, bestScore = i, s
+			if s := weightedRendezvous(rkey, w.Hash, c.Weight(i)); home < 0 || s > homeScore {
+				home, homeScore = i, s
 			}
 		}
 	}
-	homeBlocks := len(key.Blocks)
-	if key.PresumedBlocks > 0 && key.PresumedBlocks < homeBlocks {
-		homeBlocks = key.PresumedBlocks
-		if x != nil && home >= 0 {
-			homeBlocks = max(homeBlocks, x.Match(key.Blocks, c.Worker(home)))
-		}
+
+	cached := int64(x.known(key.Blocks)) * key.BlockTokens
+	if key.PromptTokens > 0 {
+		cached = min(cached, key.PromptTokens)
+	}
+	shared := cached > 0 && 2*cached >= key.PromptTokens
+	if !shared {
+		// A new key leans on its home by the blocks the order is drawn from, so that a near tie
+		// goes where the key's next requests will.
+		cached = min(int64(RendezvousBlocks)*key.BlockTokens, max(key.PromptTokens, 0))
 	}
 
 	best := Choice{Index: -1}
-	bestStretch, bestHash := math.Inf(1), uint64(0)
+	bestScore, bestHash := math.Inf(1), uint64(0)
 	for i := range n {
 		w := c.Worker(i)
 		if w.ID == 0 {
 			continue
 		}
-		blocks := 0
+		credit := int64(0)
 		if i == home {
-			blocks = homeBlocks
+			credit = cached
 		}
-		cached := int64(blocks) * key.BlockTokens
-		if key.PromptTokens > 0 {
-			cached = min(cached, key.PromptTokens)
-		}
-		cost, ok := c.Cost(i, cached)
+		score, ok := c.Cost(i, credit)
 		if !ok {
 			continue
 		}
-		stretch := cost
-		if alone := c.Alone(i); alone > 0 && !math.IsInf(alone, 0) {
-			stretch = cost / alone
+		if alone := c.Alone(i); shared && alone > 0 && !math.IsInf(alone, 0) {
+			score /= alone // stretch
 		}
 		// The rendezvous rank breaks ties; it is computed only for them.
-		if stretch < bestStretch || best.Index < 0 {
-			best, bestStretch, bestHash = Choice{Index: i, CachedTokens: cached}, stretch, w.Hash
-		} else if stretch == bestStretch && rendezvous(rkey, w.Hash) > rendezvous(rkey, bestHash) {
-			best, bestHash = Choice{Index: i, CachedTokens: cached}, w.Hash
+		if score < bestScore || best.Index < 0 {
+			best, bestScore, bestHash = Choice{Index: i, CachedTokens: credit}, score, w.Hash
+		} else if score == bestScore && rendezvous(rkey, w.Hash) > rendezvous(rkey, bestHash) {
+			best, bestHash = Choice{Index: i, CachedTokens: credit}, w.Hash
 		}
 	}
 	switch {
 	case best.Index < 0:
+	case !shared:
+		best.Outcome, best.CachedTokens = New, 0
 	case best.CachedTokens > 0:
 		best.Outcome = Followed
 	default:

@@ -43,7 +43,7 @@ func prefixKey(id uint64, blocks int) Key {
 	for i := range b {
 		b[i] = rendezvous(rendezvous(id, 0x5eed), uint64(i)+1) // distinct, well spread
 	}
-	return Key{Blocks: b, BlockTokens: BlockTokens, PromptTokens: 4096}
+	return Key{Blocks: b, BlockTokens: BlockTokens, PromptTokens: int64(blocks) * BlockTokens}
 }
 
 func TestChooseFollowsTheHolder(t *testing.T) {
@@ -51,8 +51,8 @@ func TestChooseFollowsTheHolder(t *testing.T) {
 	f := newFleet(x, 4)
 	key := prefixKey(1, 32)
 	first := x.Choose(key, f, 0)
-	if first.Index < 0 || first.Outcome != Followed || first.CachedTokens != 32*BlockTokens {
-		t.Fatalf("new prefix: %+v; want the rendezvous worker, presumed to hold all 32 blocks", first)
+	if first.Index < 0 || first.Outcome != New || first.CachedTokens != 0 {
+		t.Fatalf("new prefix: %+v; want a choice on load, new", first)
 	}
 	x.Record(key.Blocks, f.workers[first.Index])
 	for i := range f.queue { // the holder is a little busier than the rest
@@ -60,13 +60,15 @@ func TestChooseFollowsTheHolder(t *testing.T) {
 	}
 	f.queue[first.Index] = 0.2
 	again := x.Choose(key, f, 0)
-	if again.Index != first.Index || again.Outcome != Followed {
-		t.Fatalf("same prefix: %+v, want %d followed", again, first.Index)
+	if again.Index != first.Index || again.Outcome != Followed || again.CachedTokens != 32*BlockTokens {
+		t.Fatalf("same prefix: %+v, want %d followed with 32 blocks cached", again, first.Index)
 	}
-	capped := prefixKey(99, 32)
-	capped.PresumedBlocks = 2
-	if got := x.Choose(capped, f, 0); got.Outcome != Followed || got.CachedTokens != 2*BlockTokens {
-		t.Fatalf("a new prefix, 2 blocks presumed: %+v, want %d tokens credited", got, 2*BlockTokens)
+	// Known 2 blocks deep of a 4096-token prompt: less than half of it, so load alone chooses.
+	x.Record(prefixKey(99, 2).Blocks, f.workers[0])
+	long := prefixKey(99, 32)
+	long.PromptTokens = 4096
+	if got := x.Choose(long, f, 0); got.Outcome != New || got.CachedTokens != 0 {
+		t.Fatalf("a prefix known 2 blocks deep: %+v, want new", got)
 	}
 }
 
@@ -74,8 +76,8 @@ func TestChooseSwampedHolderLosesToIdle(t *testing.T) {
 	x := NewIndex(0)
 	f := newFleet(x, 4)
 	key := Key{Blocks: prefixKey(2, 64).Blocks, BlockTokens: BlockTokens, PromptTokens: 4096}
-	holder := x.Choose(key, f, 0).Index
-	x.Record(key.Blocks, f.workers[holder])
+	x.Record(key.Blocks, f.workers[x.Choose(key, f, 0).Index])
+	holder := x.Choose(key, f, 0).Index // the key's home
 	f.queue[holder] = 5 // the prefill it saves is 0.5 s
 	got := x.Choose(key, f, 0)
 	if got.Index == holder || got.Index < 0 || got.Outcome != Yielded || got.CachedTokens != 0 {
@@ -178,8 +180,9 @@ func TestChooseHotPrefixSpillsInRendezvousOrder(t *testing.T) {
 		}
 		order = append(order, best)
 	}
-	// The first worker is over the bound (the mean plus BalanceSlack, rounded up); nobody has the key
-	// yet: it goes to the second in order.
+	// The key went to the first worker once; now that worker is over the bound (the mean plus
+	// BalanceSlack, rounded up): the key goes to the second in order.
+	x.Record(key.Blocks, f.workers[order[0]])
 	f.inflight[order[0]] = BalanceSlack + 2
 	got := x.Choose(key, f, 1.25)
 	if got.Index != order[1] || got.Outcome != Followed {
@@ -267,9 +270,12 @@ func TestChooseSessionKey(t *testing.T) {
 	f := newFleet(x, 4)
 	key := Key{Blocks: HeaderKey("session-42", make([]uint64, 0, 1)), BlockTokens: 4096, PromptTokens: 4096}
 	first := x.Choose(key, f, 0)
+	if first.Outcome != New {
+		t.Fatalf("first turn: %+v, want new", first)
+	}
 	x.Record(key.Blocks, f.workers[first.Index])
 	f.queue[first.Index] = 0.3 // busier, but less than the prompt's prefill (0.5 s)
-	if got := x.Choose(key, f, 0); got.Index != first.Index || got.CachedTokens != 4096 {
+	if got := x.Choose(key, f, 0); got.Index != first.Index || got.Outcome != Followed || got.CachedTokens != 4096 {
 		t.Fatalf("session: %+v, want %d with the whole prompt cached", got, first.Index)
 	}
 }

@@ -144,6 +144,21 @@ func (x *Index) holds(block uint64, id uint32) bool {
 	return held
 }
 
+// known is how many leading blocks of the key this index has seen sent to any worker: 0 for a nil
+// index.
+func (x *Index) known(blocks []uint64) int {
+	if x == nil {
+		return 0
+	}
+	d := 0
+	for _, id := range x.firstHolders(blocks) {
+		if id != 0 {
+			d = max(d, 1+x.depth(blocks[1:], id))
+		}
+	}
+	return d
+}
+
 // firstHolders returns the workers that hold the first block, the most recent first.
 func (x *Index) firstHolders(blocks []uint64) (ids [Holders]uint32) {
 	if len(blocks) == 0 {

@@ -226,7 +226,8 @@ http://localhost:9080 {
 	}
 }`, ws[0].addr(), ws[1].addr(), ws[2].addr()), "caddyfile")
 	waitWorkers(t, 10*time.Second, "all polled", polledOK, &testWorker{srv: ws[0].srv}, &testWorker{srv: ws[1].srv}, &testWorker{srv: ws[2].srv})
-	before := metricValue(t, scrape(t), "caddy_sglang_load_affinity_decisions_total", `outcome="followed"`)
+	followedBefore := metricValue(t, scrape(t), "caddy_sglang_load_affinity_decisions_total", "outcome", "followed")
+	newBefore := metricValue(t, scrape(t), "caddy_sglang_load_affinity_decisions_total", "outcome", "new")
 
 	send := func(system string, n int) []int64 {
 		start := make([]int64, len(ws))
@@ -252,9 +253,13 @@ http://localhost:9080 {
 	if most := max(got[0], got[1], got[2]); most != 30 {
 		t.Errorf("requests sharing a system prompt went to %v, want all 30 on one worker", got)
 	}
-	after := metricValue(t, scrape(t), "caddy_sglang_load_affinity_decisions_total", `outcome="followed"`)
-	if after-before < 30 {
-		t.Errorf("followed decisions grew by %v, want 30", after-before)
+	// The first request's key is new (routed on load, its home winning the tie); the rest follow it.
+	page := scrape(t)
+	if got := metricValue(t, page, "caddy_sglang_load_affinity_decisions_total", "outcome", "new") - newBefore; got != 1 {
+		t.Errorf("new decisions grew by %v, want 1", got)
+	}
+	if got := metricValue(t, page, "caddy_sglang_load_affinity_decisions_total", "outcome", "followed") - followedBefore; got != 29 {
+		t.Errorf("followed decisions grew by %v, want 29", got)
 	}
 
 	// 30 prompts of their own, one request each: rendezvous spreads them over the workers.

@@ -73,7 +73,7 @@ var metrics = struct {
 	affinity     *prometheus.CounterVec
 	// Pre-resolved children, so Select counts without a map lookup or an allocation.
 	selectedByLoad, selectedByFallback, selectedNone prometheus.Counter
-	affinityOutcomes                                 [3]prometheus.Counter // by affinity.Outcome
+	affinityOutcomes                                 [len(affinity.Outcomes)]prometheus.Counter // by affinity.Outcome
 }{}
 
 const metricsNamespace, metricsSubsystem = "caddy", "sglang_load"
@@ -97,9 +97,9 @@ func init() {
 	metrics.selectedNone = metrics.selections.WithLabelValues("none")
 	metrics.affinity = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "affinity_decisions_total",
-		Help: "Selections with affinity on, by outcome: followed (sent where the key is cached), yielded (the key was cached elsewhere but load chose), no_key (the request had no key).",
+		Help: "Selections with affinity on, by outcome: followed (sent to the key's home, credited with its cached tokens), yielded (the key is shared but load chose another worker), new (the key is not known to be shared: load chose), no_key (the request had no key).",
 	}, []string{"outcome"})
-	for _, o := range []affinity.Outcome{affinity.NoKey, affinity.Followed, affinity.Yielded} {
+	for _, o := range affinity.Outcomes {
 		metrics.affinityOutcomes[o] = metrics.affinity.WithLabelValues(o.String())
 	}
 }
