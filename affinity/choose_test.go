@@ -78,7 +78,7 @@ func TestChooseSwampedHolderLosesToIdle(t *testing.T) {
 	key := Key{Blocks: prefixKey(2, 64).Blocks, BlockTokens: BlockTokens, PromptTokens: 4096}
 	x.Record(key.Blocks, f.workers[x.Choose(key, f, 0).Index])
 	holder := x.Choose(key, f, 0).Index // the key's home
-	f.queue[holder] = 5 // the prefill it saves is 0.5 s
+	f.queue[holder] = 5                 // the prefill it saves is 0.5 s
 	got := x.Choose(key, f, 0)
 	if got.Index == holder || got.Index < 0 || got.Outcome != Yielded || got.CachedTokens != 0 {
 		t.Fatalf("swamped holder: %+v; want another worker, yielded", got)
