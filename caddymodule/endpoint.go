@@ -72,6 +72,7 @@ type endpoint struct {
 	refs      int
 	interval  atomic.Int64 // nanoseconds
 	staleness atomic.Int64 // nanoseconds after which a report is ignored
+	series    *pollSeries
 
 	// host is the proxy's shared per-address state of the upstream this endpoint measures, from which
 	// in-flight counts are read. Set by Select, read when a poll answers.
@@ -285,8 +286,8 @@ func (a *App) register(spec endpointSpec, dial string) (*endpoint, error) {
 		releaseState(key)
 		return nil, err
 	}
+	ep.series = newPollSeries(key, spec.transport) // before observePoll can look ep up (a.mu is held)
 	a.endpoints[key] = ep
-	initPollCounters(key, spec.transport)
 	a.logger.Debug("monitoring worker load", zap.String("endpoint", key), zap.Duration("interval", spec.interval))
 	return ep, nil
 }

@@ -119,17 +119,32 @@ func (a *App) registerMetrics(reg *prometheus.Registry) error {
 	return nil
 }
 
-// countPoll counts one poll of the endpoint.
-func countPoll(key, transport, result string, took time.Duration) {
-	metrics.polls.WithLabelValues(key, transport, result).Inc()
-	metrics.pollDuration.WithLabelValues(transport, result).Observe(took.Seconds())
+// pollSeries are an endpoint's poll counters and duration histograms, one per result in the order of
+// pollResults, resolved once: a label lookup hashes the labels, and an endpoint is polled every second.
+type pollSeries struct {
+	counts    [len(pollResults)]prometheus.Counter
+	durations [len(pollResults)]prometheus.Observer
 }
 
-// initPollCounters makes every result's counter of an endpoint exist at 0, so a rate over the first
+// newPollSeries makes every result's counter of an endpoint exist at 0, so a rate over the first
 // failure is not lost for want of an earlier sample.
-func initPollCounters(key, transport string) {
-	for _, r := range pollResults {
-		metrics.polls.WithLabelValues(key, transport, r)
+func newPollSeries(key, transport string) *pollSeries {
+	s := new(pollSeries)
+	for i, r := range pollResults {
+		s.counts[i] = metrics.polls.WithLabelValues(key, transport, r)
+		s.durations[i] = metrics.pollDuration.WithLabelValues(transport, r)
+	}
+	return s
+}
+
+// count counts one poll of the endpoint.
+func (s *pollSeries) count(result string, took time.Duration) {
+	for i, r := range pollResults {
+		if r == result {
+			s.counts[i].Inc()
+			s.durations[i].Observe(took.Seconds())
+			return
+		}
 	}
 }
 
@@ -218,18 +233,14 @@ func healthAt(snap *monitor.Snapshot, staleAfter time.Duration) health {
 // log line and possibly a sglang_load_stale or sglang_load_recovered event.
 func (a *App) observePoll(key string, prev, next *monitor.Snapshot, took time.Duration) {
 	ep := a.endpointByKey(key)
-	transport := ""
-	if ep != nil {
-		transport = ep.spec.transport
-	}
 	result := pollResult(next.Err)
-	countPoll(key, transport, result, took)
 	if ce := a.logger.Check(zapcore.DebugLevel, "poll"); ce != nil {
 		ce.Write(zap.String("endpoint", key), zap.String("result", result), zap.Duration("took", took), zap.Error(next.Err))
 	}
 	if ep == nil {
-		return // unregistered while the poll ran
+		return // unregistered while the poll ran: its series may be gone, and counting would bring them back
 	}
+	ep.series.count(result, took)
 	ep.state.unreachable.Store(result == resultUnavailable)
 	staleAfter := time.Duration(ep.staleness.Load())
 	from, to := healthAt(prev, staleAfter), healthAt(next, staleAfter)
