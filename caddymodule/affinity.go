@@ -37,7 +37,8 @@ const requestStateVar = "sglang_load.request"
 // It returns nil, allocating nothing, when there is nothing to read and no key to take.
 func (p *Policy) readRequest(r *http.Request) *requestState {
 	limit := cmp.Or(p.ReadBody, defaultReadBody)
-	readBody := limit > 0 && r.Method == http.MethodPost && affinity.ShapeOf(r.URL.Path) != affinity.ShapeNone
+	readBody := limit > 0 && r.Method == http.MethodPost && r.Body != nil && r.Body != http.NoBody &&
+		affinity.ShapeOf(r.URL.Path) != affinity.ShapeNone
 	if !readBody && p.affinityIndex == nil {
 		return nil
 	}
