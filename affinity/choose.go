@@ -159,8 +159,10 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		if !ok {
 			continue
 		}
-		if alone := c.Alone(i); shared && alone > 0 && !math.IsInf(alone, 0) {
-			score /= alone // stretch
+		if shared {
+			if alone := c.Alone(i); alone > 0 && !math.IsInf(alone, 0) {
+				score /= alone // stretch
+			}
 		}
 		// The rendezvous rank breaks ties; it is computed only for them.
 		if score < bestScore || best.Index < 0 {

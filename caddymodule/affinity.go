@@ -113,8 +113,7 @@ type affinityCandidates struct {
 	params  loadpolicy.CostParams
 	workers [64]affinity.Worker
 	// caps are the batch caps (max_running_requests) of the first len(caps) positions, the fleet's mean
-	// where unknown: a worker's share of the keys. Positions past them weigh
-	// meanCap.
+	// where unknown: a worker's share of the keys. Positions past them weigh meanCap.
 	caps    [64]float64
 	meanCap float64
 }
@@ -164,7 +163,8 @@ func (c *affinityCandidates) Worker(i int) affinity.Worker {
 
 func (c *affinityCandidates) Load(i int) float64 { return float64(c.pool[i].NumRequests()) }
 
-// Weight is the upstream's batch cap (the fleet's mean where unknown), 0 (all alike) when none is known.
+// Weight is the upstream's batch cap (the fleet's mean where unknown); 0, which Choose counts as 1 for
+// every worker alike, when no fresh report has one.
 func (c *affinityCandidates) Weight(i int) float64 {
 	if i < len(c.caps) {
 		return c.caps[i]

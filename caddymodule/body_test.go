@@ -226,8 +226,9 @@ http://localhost:9080 {
 	}
 }`, ws[0].addr(), ws[1].addr(), ws[2].addr()), "caddyfile")
 	waitWorkers(t, 10*time.Second, "all polled", polledOK, &testWorker{srv: ws[0].srv}, &testWorker{srv: ws[1].srv}, &testWorker{srv: ws[2].srv})
-	followedBefore := metricValue(t, scrape(t), "caddy_sglang_load_affinity_decisions_total", "outcome", "followed")
-	newBefore := metricValue(t, scrape(t), "caddy_sglang_load_affinity_decisions_total", "outcome", "new")
+	page := scrape(t)
+	followedBefore := metricValue(t, page, "caddy_sglang_load_affinity_decisions_total", "outcome", "followed")
+	newBefore := metricValue(t, page, "caddy_sglang_load_affinity_decisions_total", "outcome", "new")
 
 	send := func(system string, n int) []int64 {
 		start := make([]int64, len(ws))
@@ -254,7 +255,7 @@ http://localhost:9080 {
 		t.Errorf("requests sharing a system prompt went to %v, want all 30 on one worker", got)
 	}
 	// The first request's key is new (routed on load, its home winning the tie); the rest follow it.
-	page := scrape(t)
+	page = scrape(t)
 	if got := metricValue(t, page, "caddy_sglang_load_affinity_decisions_total", "outcome", "new") - newBefore; got != 1 {
 		t.Errorf("new decisions grew by %v, want 1", got)
 	}
