@@ -236,7 +236,8 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 		v.ReportAgeSeconds = &age
 		v.Report = newReportView(rep)
 	}
-	if c := ep.candidate(now, v.Inflight); c.Signals != nil {
+	c := loadpolicy.Candidate{Inflight: v.Inflight}
+	if ep.scored(&c, now, false); c.Signals != nil {
 		if sig, ok := c.Signals.Set.First(); ok {
 			v.Score = &scoreView{Signal: sig.String(), Value: c.Signals.Score(sig, c.Extra+1), RequestsSinceReport: c.Extra,
 				Signals: make(map[string]float64)}
@@ -246,7 +247,8 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 				}
 			}
 			params := defaultCostParams()
-			if pc := ep.priced(now, v.Inflight, referenceRequest, 0, &params, false); pc.Priced {
+			pc := loadpolicy.Candidate{Inflight: v.Inflight}
+			if ep.priced(&pc, now, referenceRequest, 0, &params, false); pc.Priced() {
 				v.Score.CostSeconds = &pc.Cost
 			}
 			if speed, ok := ep.fresh(now).PrefillTokensPerSec(); ok {

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"math/rand/v2"
 	"net/http"
-	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -79,11 +78,11 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 
 // selectByAffinity is Select with affinity on: each available upstream is priced by the cost model with
 // the request's tokens cached there taken off its prefill, within the balance bound.
-func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, byIndex []*endpoint, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	st := p.readRequest(r)
 	c := &st.cands
-	*c = affinityCandidates{p: p, pool: pool, eps: *p.endpoints.Load(), byIndex: p.index.Load().of(pool),
-		now: clock.Now(), size: st.size, params: p.costParams()}
+	*c = affinityCandidates{poolView: p.view(pool, byIndex)}
+	c.size, c.params = st.size, p.costParams()
 	c.weighByCaps()
 	choice := p.affinityIndex.Choose(st.key, c, p.AffinityBalance)
 	if choice.Index < 0 {
@@ -104,13 +103,7 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, r *http.Reques
 // affinityCandidates are a pool's upstreams as affinity.Index.Choose sees them. The workers of the
 // first len(workers) positions are looked up once per request.
 type affinityCandidates struct {
-	p       *Policy
-	pool    reverseproxy.UpstreamPool
-	eps     map[string]*endpoint
-	byIndex []*endpoint
-	now     time.Time
-	size    loadpolicy.Request
-	params  loadpolicy.CostParams
+	poolView
 	workers [64]affinity.Worker
 	// caps are the batch caps (max_running_requests) of the first len(caps) positions, the fleet's mean
 	// where unknown: a worker's share of the keys. Positions past them weigh meanCap.
@@ -182,26 +175,13 @@ func (c *affinityCandidates) Alone(i int) float64 {
 }
 
 func (c *affinityCandidates) Cost(i int, cached int64) (float64, bool) {
-	u := c.pool[i]
-	if !u.Available() {
+	ep, inflight, ok := c.upstream(i)
+	if !ok || ep == nil {
 		return 0, false
 	}
-	ep := c.endpoint(i)
-	if ep == nil {
-		if ep = c.p.registerLate(u.Dial); ep == nil {
-			return 0, false
-		}
-	}
-	ep.noteHost(u.Host)
-	cand := ep.priced(c.now, int64(u.NumRequests()), c.size, cached, &c.params, c.p.noExtra)
-	return cand.Cost, cand.Priced
-}
-
-func (c *affinityCandidates) endpoint(i int) *endpoint {
-	if c.byIndex != nil && c.byIndex[i] != nil {
-		return c.byIndex[i]
-	}
-	return c.eps[c.pool[i].Dial]
+	cand := loadpolicy.Candidate{Inflight: inflight}
+	ep.priced(&cand, c.now, c.size, cached, &c.params, c.p.noExtra)
+	return cand.Cost, cand.Priced()
 }
 
 // workerOf is the affinity worker of the upstream dialled at dial, made on first use.
@@ -229,43 +209,21 @@ func (p *Policy) workerOf(dial string) affinity.Worker {
 }
 
 // selectByCost is Select with the cost metric and no affinity.
-func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	size := loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
+func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, byIndex []*endpoint, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	v := p.view(pool, byIndex)
+	v.size = loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
 	if st := p.readRequest(r); st != nil {
-		size = st.size
+		v.size = st.size
 	}
-	eps := *p.endpoints.Load()
-	byIndex := p.index.Load().of(pool)
-	now := clock.Now()
-	params := p.costParams()
-	endpointOf := func(i int) *endpoint {
-		if byIndex != nil && byIndex[i] != nil {
-			return byIndex[i]
-		}
-		return eps[pool[i].Dial]
-	}
-	idx, ok := loadpolicy.Choose(p.choice, p.metric, len(pool), func(i int) (loadpolicy.Candidate, bool) {
-		u := pool[i]
-		if !u.Available() {
-			return loadpolicy.Candidate{}, false
-		}
-		inflight := int64(u.NumRequests())
-		ep := endpointOf(i)
-		if ep == nil {
-			if ep = p.registerLate(u.Dial); ep == nil {
-				return loadpolicy.Candidate{Inflight: inflight}, true
-			}
-		}
-		ep.noteHost(u.Host)
-		return ep.priced(now, inflight, size, 0, &params, p.noExtra), true
-	}, rand.IntN)
+	v.params = p.costParams()
+	idx, ok := loadpolicy.Choose(p.choice, p.metric, len(pool), v.priced, rand.IntN)
 	if !ok {
 		return p.selectFallback(pool, r, w)
 	}
 	metrics.selectedByLoad.Inc()
-	if ep := endpointOf(idx); ep != nil {
-		ep.placed(size, 0)
+	if ep := v.endpoint(idx); ep != nil {
+		ep.placed(v.size, 0)
 	}
-	p.noteOutput(size.OutputTokens)
+	p.noteOutput(v.size.OutputTokens)
 	return pool[idx]
 }

@@ -134,21 +134,22 @@ func (ep *endpoint) placed(req loadpolicy.Request, cached int64) {
 	ep.sentUncached.Add(d.Uncached)
 }
 
-// priced is candidate with the cost model's price of req, cached of whose prompt tokens the worker
-// holds; reportOnly prices it on the report as it came, without what happened since (inflight_correction off).
-func (ep *endpoint) priced(now time.Time, inflight int64, req loadpolicy.Request, cached int64, params *loadpolicy.CostParams, reportOnly bool) loadpolicy.Candidate {
-	c := loadpolicy.Candidate{Inflight: inflight}
+// minCost is the least price: a Candidate's zero cost means not priced.
+const minCost = 1e-9
+
+// priced sets c's price of req on this worker by the cost model, cached of whose prompt tokens the
+// worker holds; c.Inflight is the proxy's in-flight count to it. reportOnly prices it on the report as
+// it came, without what happened since (inflight_correction off).
+func (ep *endpoint) priced(c *loadpolicy.Candidate, now time.Time, req loadpolicy.Request, cached int64, params *loadpolicy.CostParams, reportOnly bool) {
 	rep := ep.fresh(now)
 	if rep == nil || !rep.Priced() {
-		return c
+		return
 	}
 	var since loadpolicy.Since
 	if !reportOnly {
-		since = ep.sentTotals().Since(rep.Sent, now.Sub(rep.Received), inflight-rep.Inflight)
+		since = ep.sentTotals().Since(rep.Sent, now.Sub(rep.Received), c.Inflight-rep.Inflight)
 	}
-	c.Priced = true
-	c.Cost = rep.Cost(req, cached, since, params)
-	return c
+	c.Cost = max(rep.Cost(req, cached, since, params), minCost)
 }
 
 // fresh returns the endpoint's report if it is usable at now, or nil if missing, empty or stale.
@@ -156,21 +157,24 @@ func (ep *endpoint) fresh(now time.Time) *loadpolicy.Report {
 	if ep.state.unreachable.Load() {
 		return nil
 	}
-	rep := ep.state.Load().Fresh(now, time.Duration(ep.staleness.Load()))
-	if rep.Empty() {
+	rep := ep.state.Report()
+	if rep.Empty() || now.Sub(rep.Received) > time.Duration(ep.staleness.Load()) {
 		return nil
 	}
 	return rep
 }
 
-// candidate is the upstream as the chooser sees it at now, with inflight requests in flight to it.
-func (ep *endpoint) candidate(now time.Time, inflight int64) loadpolicy.Candidate {
-	c := loadpolicy.Candidate{Inflight: inflight}
-	if rep := ep.fresh(now); rep != nil {
-		c.Signals = rep.Signals()
-		c.Extra = max(0, inflight-rep.Inflight)
+// scored sets c's signals from the fresh report, and the requests started since it (none with
+// reportOnly: inflight_correction off); c.Inflight is the proxy's in-flight count to the worker.
+func (ep *endpoint) scored(c *loadpolicy.Candidate, now time.Time, reportOnly bool) {
+	rep := ep.fresh(now)
+	if rep == nil {
+		return
 	}
-	return c
+	c.Signals = rep.Signals()
+	if !reportOnly && c.Inflight > rep.Inflight {
+		c.Extra = c.Inflight - rep.Inflight
+	}
 }
 
 // noteHost remembers the upstream's host so polls can record the proxy's in-flight count.

@@ -407,44 +407,21 @@ func (p *Policy) register(dial string, late bool) (*endpoint, error) {
 
 // Select picks an available upstream by load; see Policy.
 func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	if p.index.Load().of(pool) == nil {
+	x := p.index.Load()
+	byIndex := x.of(pool)
+	if byIndex == nil {
 		p.markPool(pool, clock.Now()) // a dynamic pool: register new addresses, mark known ones seen
+	} else {
+		x.noteHosts()
 	}
 	switch {
 	case p.affinityIndex != nil:
-		return p.selectByAffinity(pool, r, w)
+		return p.selectByAffinity(pool, byIndex, r, w)
 	case p.metric.Cost():
-		return p.selectByCost(pool, r, w)
+		return p.selectByCost(pool, byIndex, r, w)
 	}
-	eps := *p.endpoints.Load()
-	byIndex := p.index.Load().of(pool)
-	now := clock.Now()
-	idx, byLoad := loadpolicy.Choose(p.choice, p.metric, len(pool), func(i int) (loadpolicy.Candidate, bool) {
-		u := pool[i]
-		if !u.Available() {
-			return loadpolicy.Candidate{}, false
-		}
-		inflight := int64(u.NumRequests())
-		var ep *endpoint
-		if byIndex != nil {
-			ep = byIndex[i]
-		}
-		if ep == nil {
-			ep = eps[u.Dial]
-		}
-		if ep == nil {
-			ep = p.registerLate(u.Dial)
-			if ep == nil {
-				return loadpolicy.Candidate{Inflight: inflight}, true
-			}
-		}
-		ep.noteHost(u.Host)
-		c := ep.candidate(now, inflight)
-		if p.noExtra {
-			c.Extra = 0
-		}
-		return c, true
-	}, rand.IntN)
+	v := p.view(pool, byIndex)
+	idx, byLoad := loadpolicy.Choose(p.choice, p.metric, len(pool), v.signals, rand.IntN)
 	if byLoad {
 		metrics.selectedByLoad.Inc()
 		return pool[idx]

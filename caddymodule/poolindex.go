@@ -1,6 +1,10 @@
 package caddymodule
 
-import "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+import (
+	"sync/atomic"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+)
 
 // poolIndex holds the endpoint of each upstream of the reverse proxy's static pool, by position:
 // the proxy passes that same slice to Select on every request, so Select finds an upstream's
@@ -8,6 +12,9 @@ import "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 type poolIndex struct {
 	pool reverseproxy.UpstreamPool
 	eps  []*endpoint // nil where the upstream has no endpoint (a placeholder address)
+	// hostsNoted is set once each endpoint knows its upstream's Host, which the proxy provisions after
+	// the policy and keeps for the config's life.
+	hostsNoted atomic.Bool
 }
 
 func newPoolIndex(pool reverseproxy.UpstreamPool, byDial map[string]*endpoint) *poolIndex {
@@ -24,4 +31,17 @@ func (x *poolIndex) of(pool reverseproxy.UpstreamPool) []*endpoint {
 		return nil
 	}
 	return x.eps
+}
+
+// noteHosts tells each endpoint its upstream's Host, once: Select then need not on every request.
+func (x *poolIndex) noteHosts() {
+	if x.hostsNoted.Load() {
+		return
+	}
+	for i, u := range x.pool {
+		if x.eps[i] != nil {
+			x.eps[i].noteHost(u.Host)
+		}
+	}
+	x.hostsNoted.Store(true)
 }

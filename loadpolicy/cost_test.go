@@ -174,13 +174,12 @@ func TestCostFallbacks(t *testing.T) {
 
 func TestChooseCost(t *testing.T) {
 	costs := []struct {
-		cost   float64
-		priced bool
-		avail  bool
-	}{{3, true, true}, {1, true, false}, {2, true, true}, {0, false, true}, {2.5, true, true}}
+		cost  float64 // 0: not priced
+		avail bool
+	}{{3, true}, {1, false}, {2, true}, {0, true}, {2.5, true}}
 	at := func(i int) (Candidate, bool) {
 		c := costs[i]
-		return Candidate{Cost: c.cost, Priced: c.priced}, c.avail
+		return Candidate{Cost: c.cost}, c.avail
 	}
 	first := func(int) int { return 0 }
 	for _, choice := range []Choice{Auto, Least, Window} {
@@ -195,7 +194,7 @@ func TestChooseCost(t *testing.T) {
 	// power_of_two compares the pair on cost.
 	for range 50 {
 		i, ok := Choose(PowerOfTwo, MetricCost, 2, func(i int) (Candidate, bool) {
-			return Candidate{Cost: float64(2 - i), Priced: true}, true
+			return Candidate{Cost: float64(2 - i)}, true
 		}, func(n int) int { return n - 1 })
 		if i != 1 || !ok {
 			t.Fatalf("power_of_two: chose %d, want 1", i)
@@ -208,7 +207,7 @@ func TestChooseWindowIsBounded(t *testing.T) {
 	calls := 0
 	at := func(i int) (Candidate, bool) {
 		calls++
-		return Candidate{Cost: float64(i), Priced: true}, true
+		return Candidate{Cost: float64(i + 1)}, true
 	}
 	// A start of 1020 wraps: 1020..1023, 0..11; the cheapest of those is 0.
 	i, ok := Choose(Window, MetricCost, n, at, func(int) int { return 1020 })

@@ -327,3 +327,46 @@ func TestPowerOfTwoSamplesOnlyAvailable(t *testing.T) {
 		t.Errorf("chosen %v: want every available candidate but the most loaded (90)", seen)
 	}
 }
+
+// TestLeastBeatsEveryCandidate checks least's shortcut (passing over a candidate clearly worse on the
+// most precise signal) against the full comparison: on pools full of ties, no candidate may beat the
+// chosen one, and every candidate tied with the best is chosen sometimes.
+func TestLeastBeatsEveryCandidate(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(5, 6))
+	for round := range 300 {
+		n := 1 + rnd.IntN(40)
+		cands := make([]Candidate, n)
+		for i := range cands {
+			// Few distinct values, so that most candidates tie on the first signals.
+			waiting := int64(rnd.IntN(3))
+			cands[i] = Candidate{Signals: NewReport(time.Now(), "", []Rank{rank(1+int64(rnd.IntN(3)), waiting, waiting*100,
+				int64(rnd.IntN(3))*100, 1000, float64(rnd.IntN(3))/10, 50)}).Signals(), Extra: int64(rnd.IntN(2)), Inflight: int64(rnd.IntN(2))}
+		}
+		set := MetricAuto.AllSignals()
+		for i := range cands {
+			set = MetricAuto.Common(set, cands[i].Signals)
+		}
+		chosen := make(map[int]bool)
+		for range 200 {
+			i, ok := Choose(Least, MetricAuto, n, func(i int) (Candidate, bool) { return cands[i], true }, rnd.IntN)
+			if !ok {
+				t.Fatalf("round %d: nothing chosen", round)
+			}
+			for j := range cands {
+				if Compare(&cands[j], &cands[i], set) < 0 {
+					t.Fatalf("round %d: chose %d, but %d is better", round, i, j)
+				}
+			}
+			chosen[i] = true
+		}
+		for j := range cands {
+			best := -1
+			for i := range chosen {
+				best = i
+			}
+			if Compare(&cands[j], &cands[best], set) == 0 && !chosen[j] && len(chosen) < 8 {
+				t.Errorf("round %d: %d ties with the best but was never chosen in 200 draws", round, j)
+			}
+		}
+	}
+}

@@ -133,7 +133,7 @@ func (m Metric) Cost() bool { return m.cost }
 // usable reports whether the candidate offers what this metric compares.
 func (m Metric) usable(c *Candidate) bool {
 	if m.cost {
-		return c.Priced
+		return c.Priced()
 	}
 	return m.Usable(c.Signals)
 }

@@ -1,0 +1,82 @@
+package caddymodule
+
+import (
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
+)
+
+// poolView is a pool as one Select sees it: each upstream's endpoint, found by position in the static
+// pool and by dial address in a dynamic one, and priced or scored as of now.
+type poolView struct {
+	p       *Policy
+	pool    reverseproxy.UpstreamPool
+	eps     map[string]*endpoint
+	byIndex []*endpoint // by position, for the static pool; else nil
+	now     time.Time
+	// size and params price the request, with the cost metric.
+	size   loadpolicy.Request
+	params loadpolicy.CostParams
+}
+
+// view is the pool as Select sees it now; byIndex is p.index's endpoints of pool, if it is the static one.
+func (p *Policy) view(pool reverseproxy.UpstreamPool, byIndex []*endpoint) poolView {
+	return poolView{p: p, pool: pool, eps: *p.endpoints.Load(), byIndex: byIndex, now: clock.Now()}
+}
+
+// endpoint is the endpoint of upstream i, nil if none is registered.
+func (v *poolView) endpoint(i int) *endpoint {
+	if v.byIndex != nil && v.byIndex[i] != nil {
+		return v.byIndex[i]
+	}
+	return v.eps[v.pool[i].Dial]
+}
+
+// upstream returns upstream i's endpoint (nil for one that cannot be polled) and the proxy's in-flight
+// count to it, and false when it is unavailable. Small enough to inline: the static pool's path.
+func (v *poolView) upstream(i int) (*endpoint, int64, bool) {
+	u := v.pool[i]
+	if !u.Available() {
+		return nil, 0, false
+	}
+	if v.byIndex != nil && v.byIndex[i] != nil {
+		return v.byIndex[i], int64(u.NumRequests()), true // its host was noted once, by poolIndex.noteHosts
+	}
+	return v.dynamic(u), int64(u.NumRequests()), true
+}
+
+// dynamic is the endpoint of an upstream that the static pool's index does not hold, registered on
+// first sight; nil for one that cannot be polled.
+func (v *poolView) dynamic(u *reverseproxy.Upstream) *endpoint {
+	ep := v.eps[u.Dial]
+	if ep == nil {
+		ep = v.p.registerLate(u.Dial)
+	}
+	if ep != nil {
+		ep.noteHost(u.Host)
+	}
+	return ep
+}
+
+// signals is upstream i for the signal metrics, and whether it is available (loadpolicy.Choose's at).
+func (v *poolView) signals(i int) (loadpolicy.Candidate, bool) {
+	ep, inflight, ok := v.upstream(i)
+	c := loadpolicy.Candidate{Inflight: inflight}
+	if ep != nil {
+		ep.scored(&c, v.now, v.p.noExtra)
+	}
+	return c, ok
+}
+
+// priced is upstream i with the cost model's price of the request, and whether it is available
+// (loadpolicy.Choose's at).
+func (v *poolView) priced(i int) (loadpolicy.Candidate, bool) {
+	ep, inflight, ok := v.upstream(i)
+	c := loadpolicy.Candidate{Inflight: inflight}
+	if ep != nil {
+		ep.priced(&c, v.now, v.size, 0, &v.params, v.p.noExtra)
+	}
+	return c, ok
+}
