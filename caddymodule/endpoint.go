@@ -147,9 +147,10 @@ func (ep *endpoint) priced(c *loadpolicy.Candidate, now time.Time, req loadpolic
 	}
 	var since loadpolicy.Since
 	if !reportOnly {
-		since = ep.sentTotals().Since(rep.Sent, now.Sub(rep.Received), c.Inflight-rep.Inflight)
+		totals := ep.sentTotals()
+		since = totals.Since(&rep.Sent, now.Sub(rep.Received), c.Inflight-rep.Inflight)
 	}
-	c.Cost = max(rep.Cost(req, cached, since, params), minCost)
+	c.Cost = max(rep.Cost(req, cached, &since, params), minCost)
 }
 
 // fresh returns the endpoint's report if it is usable at now, or nil if missing, empty or stale.

@@ -55,6 +55,9 @@ func compareInt(a, b int64) int {
 
 // compareFloat treats values within a relative 1e-9 as equal, so rounding noise does not decide.
 func compareFloat(a, b float64) int {
+	if a == b {
+		return 0 // the common tie: equal loads, as two idle workers have
+	}
 	d, tol := a-b, 1e-9*max(math.Abs(a), math.Abs(b))
 	switch {
 	case d < -tol:

@@ -54,20 +54,15 @@ type SentTotals struct {
 	Requests, PromptTokens, OutputTokens, Weighted, Uncached int64
 }
 
-// Sub is the requests sent between o and t.
-func (t SentTotals) Sub(o SentTotals) SentTotals {
-	return SentTotals{t.Requests - o.Requests, t.PromptTokens - o.PromptTokens, t.OutputTokens - o.OutputTokens,
-		t.Weighted - o.Weighted, t.Uncached - o.Uncached}
-}
-
-// Since is what happened after a report stamped with o, when the totals are t.
-func (t SentTotals) Since(o SentTotals, elapsed time.Duration, extra int64) Since {
-	d := t.Sub(o)
-	if d.Requests < 0 {
-		d = SentTotals{} // o was stamped by totals that started again (another config's)
+// Since is what happened after a report stamped with o, when the totals are t. Pointers and field by
+// field: the hot path prices every candidate with it, and whole-struct copies cost more than the sums.
+func (t *SentTotals) Since(o *SentTotals, elapsed time.Duration, extra int64) Since {
+	s := Since{Elapsed: elapsed, Extra: extra}
+	if t.Requests >= o.Requests { // else o was stamped by totals that started again (another config's)
+		s.Sent, s.SentPrompt, s.SentOutput = t.Requests-o.Requests, t.PromptTokens-o.PromptTokens, t.OutputTokens-o.OutputTokens
+		s.SentWeighted, s.SentUncached = t.Weighted-o.Weighted, t.Uncached-o.Uncached
 	}
-	return Since{Elapsed: elapsed, Extra: extra, Sent: d.Requests, SentPrompt: d.PromptTokens, SentOutput: d.OutputTokens,
-		SentWeighted: d.Weighted, SentUncached: d.Uncached}
+	return s
 }
 
 // Add counts one more request sent, cached of whose prompt tokens were cached where it went.
@@ -196,7 +191,7 @@ func (r *Report) Priced() bool { return r != nil && r.work.has }
 // Cost is the time, in seconds, that req would take on the worker if placed there now: since says what
 // happened after the report, cached is how many of its prompt tokens the worker already holds. It
 // returns +Inf for a report the model cannot price (see Priced).
-func (r *Report) Cost(req Request, cached int64, since Since, p *CostParams) float64 {
+func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) float64 {
 	w := &r.work
 	if !w.has {
 		return math.Inf(1)

@@ -127,7 +127,7 @@ func TestCost(t *testing.T) {
 			if !rep.Priced() {
 				t.Fatal("report not priced")
 			}
-			got := rep.Cost(tt.req, tt.cached, tt.since, &params)
+			got := rep.Cost(tt.req, tt.cached, &tt.since, &params)
 			if math.Abs(got-tt.want) > 1e-9 {
 				t.Errorf("cost %.6f s, want %.6f s", got, tt.want)
 			}
@@ -139,7 +139,7 @@ func TestCostFallbacks(t *testing.T) {
 	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 16, MeanOutputTokens: 100}
 	// No running/waiting counts: nothing to price.
 	rep := NewReport(time.Unix(0, 0), "", []Rank{{GenThroughput: 100, Fields: FieldGenThroughput}})
-	if rep.Priced() || !math.IsInf(rep.Cost(Request{1, 1}, 0, Since{}, &params), 1) {
+	if rep.Priced() || !math.IsInf(rep.Cost(Request{1, 1}, 0, &Since{}, &params), 1) {
 		t.Error("a report without request counts is priced")
 	}
 	if (*Report)(nil).Priced() {
@@ -148,7 +148,7 @@ func TestCostFallbacks(t *testing.T) {
 	// Only counts: no pool, no batch cap, no throughput; defaults for both speeds, the decode one at
 	// batch 3+1.
 	rep = NewReport(time.Unix(0, 0), "", []Rank{{Running: 3, Fields: FieldRunning | FieldWaiting}})
-	if got, want := rep.Cost(Request{400, 100}, 0, Since{}, &params), 0.05+100/perRequest(50, 4); math.Abs(got-want) > 1e-9 {
+	if got, want := rep.Cost(Request{400, 100}, 0, &Since{}, &params), 0.05+100/perRequest(50, 4); math.Abs(got-want) > 1e-9 {
 		t.Errorf("counts only: %v s, want %v", got, want)
 	}
 	// A restarted worker's counters go backwards: no speed measured, the default stays.
@@ -222,7 +222,7 @@ func BenchmarkCost(b *testing.B) {
 	since := Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800}
 	var sink float64
 	for b.Loop() {
-		sink += rep.Cost(Request{400, 100}, 0, since, &params)
+		sink += rep.Cost(Request{400, 100}, 0, &since, &params)
 	}
 	_ = sink
 }
