@@ -158,8 +158,8 @@ func (ep *endpoint) fresh(now time.Time) *loadpolicy.Report {
 	if ep.state.unreachable.Load() {
 		return nil
 	}
-	rep := ep.state.Report()
-	if rep.Empty() || now.Sub(rep.Received) > time.Duration(ep.staleness.Load()) {
+	rep := ep.state.Load().Fresh(now, time.Duration(ep.staleness.Load()))
+	if rep.Empty() {
 		return nil
 	}
 	return rep

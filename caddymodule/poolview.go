@@ -35,7 +35,7 @@ func (v *poolView) endpoint(i int) *endpoint {
 }
 
 // upstream returns upstream i's endpoint (nil for one that cannot be polled) and the proxy's in-flight
-// count to it, and false when it is unavailable. Small enough to inline: the static pool's path.
+// count to it, and false when it is unavailable.
 func (v *poolView) upstream(i int) (*endpoint, int64, bool) {
 	u := v.pool[i]
 	if !u.Available() {

@@ -36,15 +36,10 @@ func (s *Snapshot) Fresh(now time.Time, staleAfter time.Duration) *loadpolicy.Re
 type State struct {
 	mu   sync.Mutex // serialises publishers
 	snap atomic.Pointer[Snapshot]
-	// report is snap's Report, one pointer hop nearer for the routing hot path.
-	report atomic.Pointer[loadpolicy.Report]
 }
 
 // Load returns the latest snapshot, or nil before the first poll.
 func (s *State) Load() *Snapshot { return s.snap.Load() }
-
-// Report returns the latest snapshot's report (Load().Report), or nil.
-func (s *State) Report() *loadpolicy.Report { return s.report.Load() }
 
 func (s *State) publish(report *loadpolicy.Report, err error, now time.Time) (prev, next *Snapshot) {
 	s.mu.Lock()
@@ -65,7 +60,6 @@ func (s *State) publish(report *loadpolicy.Report, err error, now time.Time) (pr
 		n.Failures = 0
 	}
 	s.snap.Store(&n)
-	s.report.Store(n.Report)
 	return prev, &n
 }
 
