@@ -1,110 +1,68 @@
 package httpload
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"strconv"
+	"sync"
 	"time"
 	"unicode/utf8"
+
+	"github.com/valyala/fastjson"
 
 	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
 )
 
-// rawValue is a JSON value kept raw, as json.RawMessage but without its copy: a slice of the body being
-// decoded, valid only while that body is. Decoding runs once per poll per worker.
-type rawValue []byte
-
-func (r *rawValue) UnmarshalJSON(b []byte) error {
-	*r = b
-	return nil
+// decoder is what decoding reuses across polls: the parser's tree, so a poll allocates none, and room
+// for a number's text. The tree refers into the body it was parsed from; everything is copied out
+// before the decoder goes back to the pool.
+type decoder struct {
+	parser fastjson.Parser
+	num    []byte
 }
 
-// wireLoads is the body of GET /v1/loads. Fields are kept raw so that a missing field stays distinguishable
-// from a zero, and a wrong type can be reported with the field's name. Older servers also send
-// dp_rank_count and aggregate: ranks are counted with len(loads) and totals computed by NewReport.
-type wireLoads struct {
-	Version rawValue `json:"version"`
-	Loads   rawValue `json:"loads"`
-}
-
-// wireRank is one element of loads. num_total_reqs (older servers) is running + waiting, so it is not read.
-type wireRank struct {
-	DPRank                rawValue `json:"dp_rank"`
-	Running               rawValue `json:"num_running_reqs"`
-	Waiting               rawValue `json:"num_waiting_reqs"`
-	WaitingUncachedTokens rawValue `json:"num_waiting_uncached_tokens"`
-	UsedTokens            rawValue `json:"num_used_tokens"`
-	TotalTokens           rawValue `json:"num_total_tokens"`
-	MaxTotalTokens        rawValue `json:"max_total_num_tokens"`
-	MaxRunning            rawValue `json:"max_running_requests"`
-	TokenUsage            rawValue `json:"token_usage"`
-	GenThroughput         rawValue `json:"gen_throughput"`
-	CacheHitRate          rawValue `json:"cache_hit_rate"`
-	Utilization           rawValue `json:"utilization"`
-	PrefillUncachedTokens rawValue `json:"total_prefill_uncached_tokens"`
-	PrefillBusyUS         rawValue `json:"total_prefill_busy_us"`
-}
-
-// wireLegacyRank is one element of the array GET /get_load answers. ts_tic is a monotonic counter of the
-// worker's, useless to another host, so it is not read.
-type wireLegacyRank struct {
-	DPRank     rawValue `json:"dp_rank"`
-	NumReqs    rawValue `json:"num_reqs"`
-	NumWaiting rawValue `json:"num_waiting_reqs"`
-	NumTokens  rawValue `json:"num_tokens"`
-}
+var decoders = sync.Pool{New: func() any { return new(decoder) }}
 
 // DecodeLoads decodes the body of GET /v1/loads, current or older shape. Every field is optional and
 // only the fields present set their loadpolicy.Field bit. An empty, null or missing loads is a report
-// with no ranks ("no data yet"), not an error. Errors are *DecodeError.
+// with no ranks ("no data yet"), not an error. Keys match as SGLang writes them, exactly. Errors are
+// *DecodeError.
 func DecodeLoads(body []byte, received time.Time) (*loadpolicy.Report, error) {
-	if json.Valid(body) {
-		if version, wires, ok := scanLoads(body); ok {
-			ranks := make([]loadpolicy.Rank, len(wires))
-			for i := range wires {
-				d := rankDecoder{list: "loads", pos: i, rk: &ranks[i]}
-				if !d.loads(&wires[i]) {
-					return nil, d.err
-				}
+	dec := decoders.Get().(*decoder)
+	defer decoders.Put(dec)
+	top, err := parse(&dec.parser, body)
+	if err != nil {
+		return nil, err
+	}
+	var version, loads *fastjson.Value
+	switch top.Type() {
+	case fastjson.TypeNull:
+	case fastjson.TypeObject:
+		obj, _ := top.Object()
+		obj.Visit(func(key []byte, v *fastjson.Value) {
+			switch string(key) {
+			case "version":
+				version = v
+			case "loads":
+				loads = v
 			}
-			return loadsReport(received, version, ranks)
-		}
+		})
+	default:
+		return nil, &DecodeError{Err: fmt.Errorf("want an object, got %s", kindOf(top))}
 	}
-	return decodeLoadsJSON(body, received)
-}
-
-// decodeLoadsJSON is DecodeLoads with encoding/json alone: for bodies that scanLoads leaves, and errors.
-func decodeLoadsJSON(body []byte, received time.Time) (*loadpolicy.Report, error) {
-	var top wireLoads
-	if err := json.Unmarshal(body, &top); err != nil {
-		var typeErr *json.UnmarshalTypeError
-		if errors.As(err, &typeErr) {
-			err = fmt.Errorf("want an object, got %s", jsonKind(body))
-		}
-		return nil, &DecodeError{Err: err}
-	}
-	var items []rawValue
-	if len(top.Loads) > 0 {
-		var err error
-		if items, err = unmarshalList(top.Loads, "loads"); err != nil {
-			return nil, err
-		}
+	items, err := list(loads, "loads")
+	if err != nil {
+		return nil, err
 	}
 	ranks := make([]loadpolicy.Rank, len(items))
 	for i, item := range items {
-		var w wireRank
-		d := rankDecoder{list: "loads", pos: i, rk: &ranks[i]}
-		if !d.object(item, &w) || !d.loads(&w) {
+		d := rankDecoder{list: "loads", pos: i, rk: &ranks[i], num: &dec.num}
+		if !d.loads(item) {
 			return nil, d.err
 		}
 	}
-	return loadsReport(received, top.Version, ranks)
-}
-
-func loadsReport(received time.Time, version rawValue, ranks []loadpolicy.Rank) (*loadpolicy.Report, error) {
 	if err := checkTotals(ranks, "loads"); err != nil {
 		return nil, err
 	}
@@ -114,30 +72,50 @@ func loadsReport(received time.Time, version rawValue, ranks []loadpolicy.Rank) 
 // DecodeLegacyLoads decodes the body of the deprecated GET /get_load: a bare array of per-rank
 // {dp_rank, num_reqs, num_waiting_reqs, num_tokens, ts_tic}. num_reqs counts running and waiting
 // requests; num_tokens counts KV tokens in use plus the queued requests' sequence lengths, which is
-// what num_total_tokens means on /v1/loads, so it is not reported as used tokens. Errors are *DecodeError.
+// what num_total_tokens means on /v1/loads, so it is not reported as used tokens. ts_tic is a monotonic
+// counter of the worker's, useless to another host, so it is not read. Errors are *DecodeError.
 func DecodeLegacyLoads(body []byte, received time.Time) (*loadpolicy.Report, error) {
-	items, err := unmarshalList(body, "")
+	dec := decoders.Get().(*decoder)
+	defer decoders.Put(dec)
+	top, err := parse(&dec.parser, body)
+	if err != nil {
+		return nil, err
+	}
+	items, err := list(top, "")
 	if err != nil {
 		return nil, err
 	}
 	ranks := make([]loadpolicy.Rank, len(items))
 	for i, item := range items {
-		var w wireLegacyRank
-		d := rankDecoder{pos: i, rk: &ranks[i]}
-		if !d.object(item, &w) {
+		d := rankDecoder{pos: i, rk: &ranks[i], num: &dec.num}
+		obj := d.object(item)
+		if obj == nil {
 			return nil, d.err
 		}
-		d.dpRank(w.DPRank, i)
+		var dpRank, numReqs, numWaiting, numTokens *fastjson.Value
+		obj.Visit(func(key []byte, v *fastjson.Value) {
+			switch string(key) {
+			case "dp_rank":
+				dpRank = v
+			case "num_reqs":
+				numReqs = v
+			case "num_waiting_reqs":
+				numWaiting = v
+			case "num_tokens":
+				numTokens = v
+			}
+		})
+		d.dpRank(dpRank)
 		var reqs int64
-		d.int(w.NumReqs, "num_reqs", &reqs, 0)
-		d.int(w.NumWaiting, "num_waiting_reqs", &d.rk.Waiting, loadpolicy.FieldWaiting)
-		d.int(w.NumTokens, "num_tokens", &d.rk.TotalTokens, loadpolicy.FieldTotalTokens)
+		d.int(numReqs, "num_reqs", &reqs, 0)
+		d.int(numWaiting, "num_waiting_reqs", &d.rk.Waiting, loadpolicy.FieldWaiting)
+		d.int(numTokens, "num_tokens", &d.rk.TotalTokens, loadpolicy.FieldTotalTokens)
 		if d.err != nil {
 			return nil, d.err
 		}
 		// Running is known only from both counts, both sane. They are read at slightly different
 		// moments, so waiting can exceed the total by a little.
-		if !absent(w.NumReqs) && d.rk.Has(loadpolicy.FieldWaiting) && reqs >= 0 && d.rk.Waiting >= 0 {
+		if !absent(numReqs) && d.rk.Has(loadpolicy.FieldWaiting) && reqs >= 0 && d.rk.Waiting >= 0 {
 			d.rk.Running = max(reqs-d.rk.Waiting, 0)
 			d.rk.Fields |= loadpolicy.FieldRunning
 		}
@@ -148,31 +126,45 @@ func DecodeLegacyLoads(body []byte, received time.Time) (*loadpolicy.Report, err
 	return loadpolicy.NewReport(received, "", ranks), nil
 }
 
-// unmarshalList decodes a JSON array into its elements; null is no elements. field names the array
-// in errors, empty for the whole body.
-func unmarshalList(raw []byte, field string) ([]rawValue, error) {
-	var items []rawValue
-	if err := json.Unmarshal(raw, &items); err != nil {
-		var typeErr *json.UnmarshalTypeError
-		if errors.As(err, &typeErr) {
-			err = fmt.Errorf("want an array, got %s", jsonKind(raw))
-		}
-		return nil, &DecodeError{Field: field, Err: err}
+// parse parses body with p. The parser is lenient where it costs nothing here (it does not check
+// strings' escapes, and reads NaN as a number), so every value read is checked again by kind; a body
+// it refuses is described with encoding/json's words, which name the offending character.
+func parse(p *fastjson.Parser, body []byte) (*fastjson.Value, error) {
+	v, err := p.ParseBytes(body)
+	if err == nil {
+		return v, nil
+	}
+	var raw json.RawMessage
+	if stdErr := json.Unmarshal(body, &raw); stdErr != nil {
+		err = stdErr
+	}
+	return nil, &DecodeError{Err: err}
+}
+
+// list returns the elements of an array; null or absent is no elements. field names the array in
+// errors, empty for the whole body.
+func list(v *fastjson.Value, field string) ([]*fastjson.Value, error) {
+	if absent(v) {
+		return nil, nil
+	}
+	items, err := v.Array()
+	if err != nil {
+		return nil, &DecodeError{Field: field, Err: fmt.Errorf("want an array, got %s", kindOf(v))}
 	}
 	return items, nil
 }
 
-// decodeVersion returns the version string; it is informational, so a wrong type is ignored.
-func decodeVersion(raw rawValue) string {
-	raw = trimJSON(raw)
-	if len(raw) >= 2 && raw[0] == '"' && bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
-		return string(raw[1 : len(raw)-1]) // nothing to unescape
-	}
-	var s string
-	if jsonKind(raw) != "string" || json.Unmarshal(raw, &s) != nil {
+// decodeVersion returns the version string; it is informational, so a wrong type or a string that
+// is not UTF-8 is ignored.
+func decodeVersion(v *fastjson.Value) string {
+	if v == nil || v.Type() != fastjson.TypeString {
 		return ""
 	}
-	return s
+	b, _ := v.StringBytes()
+	if !utf8.Valid(b) {
+		return ""
+	}
+	return string(b)
 }
 
 // rankDecoder fills one Rank, element pos of the array named list, and keeps the first error.
@@ -180,6 +172,7 @@ type rankDecoder struct {
 	list string // "" for a bare array
 	pos  int
 	rk   *loadpolicy.Rank
+	num  *[]byte // the decoder's room for a number's text
 	err  error
 }
 
@@ -194,80 +187,144 @@ func (d *rankDecoder) fail(name string, err error) {
 	}
 }
 
-func (d *rankDecoder) object(raw rawValue, v any) bool {
-	if k := jsonKind(raw); k != "object" {
-		d.err = &DecodeError{Field: d.prefix(), Err: fmt.Errorf("want an object, got %s", k)}
-		return false
+// object returns the element as an object, or nil with d.err set.
+func (d *rankDecoder) object(v *fastjson.Value) *fastjson.Object {
+	obj, err := v.Object()
+	if err != nil {
+		d.err = &DecodeError{Field: d.prefix(), Err: fmt.Errorf("want an object, got %s", kindOf(v))}
+		return nil
 	}
-	if err := json.Unmarshal(raw, v); err != nil {
-		d.err = &DecodeError{Field: d.prefix(), Err: err}
-		return false
-	}
-	return true
+	return obj
 }
 
-// loads fills the rank from one element of /v1/loads; false means d.err is set.
-func (d *rankDecoder) loads(w *wireRank) bool {
-	d.dpRank(w.DPRank, d.pos)
-	d.int(w.Running, "num_running_reqs", &d.rk.Running, loadpolicy.FieldRunning)
-	d.int(w.Waiting, "num_waiting_reqs", &d.rk.Waiting, loadpolicy.FieldWaiting)
-	d.int(w.WaitingUncachedTokens, "num_waiting_uncached_tokens", &d.rk.WaitingUncachedTokens, loadpolicy.FieldWaitingUncachedTokens)
-	d.int(w.UsedTokens, "num_used_tokens", &d.rk.UsedTokens, loadpolicy.FieldUsedTokens)
-	d.int(w.TotalTokens, "num_total_tokens", &d.rk.TotalTokens, loadpolicy.FieldTotalTokens)
-	d.int(w.MaxTotalTokens, "max_total_num_tokens", &d.rk.MaxTotalTokens, loadpolicy.FieldMaxTotalTokens)
-	d.int(w.MaxRunning, "max_running_requests", &d.rk.MaxRunning, loadpolicy.FieldMaxRunning)
-	d.float(w.TokenUsage, "token_usage", &d.rk.TokenUsage, loadpolicy.FieldTokenUsage)
-	d.float(w.GenThroughput, "gen_throughput", &d.rk.GenThroughput, loadpolicy.FieldGenThroughput)
-	d.float(w.CacheHitRate, "cache_hit_rate", &d.rk.CacheHitRate, loadpolicy.FieldCacheHitRate)
-	d.float(w.Utilization, "utilization", &d.rk.Utilization, loadpolicy.FieldUtilization)
+// The fields of one element of /v1/loads, as indexes into rankValues. num_total_reqs (older servers)
+// is running + waiting, so it is not read; nor are dp_rank_count and aggregate, which NewReport
+// computes from the ranks.
+const (
+	keyDPRank = iota
+	keyRunning
+	keyWaiting
+	keyWaitingUncached
+	keyUsedTokens
+	keyTotalTokens
+	keyMaxTotalTokens
+	keyMaxRunning
+	keyTokenUsage
+	keyGenThroughput
+	keyCacheHitRate
+	keyUtilization
+	keyPrefillUncached
+	keyPrefillBusy
+	rankKeys
+)
+
+func rankKey(key []byte) int {
+	switch string(key) {
+	case "dp_rank":
+		return keyDPRank
+	case "num_running_reqs":
+		return keyRunning
+	case "num_waiting_reqs":
+		return keyWaiting
+	case "num_waiting_uncached_tokens":
+		return keyWaitingUncached
+	case "num_used_tokens":
+		return keyUsedTokens
+	case "num_total_tokens":
+		return keyTotalTokens
+	case "max_total_num_tokens":
+		return keyMaxTotalTokens
+	case "max_running_requests":
+		return keyMaxRunning
+	case "token_usage":
+		return keyTokenUsage
+	case "gen_throughput":
+		return keyGenThroughput
+	case "cache_hit_rate":
+		return keyCacheHitRate
+	case "utilization":
+		return keyUtilization
+	case "total_prefill_uncached_tokens":
+		return keyPrefillUncached
+	case "total_prefill_busy_us":
+		return keyPrefillBusy
+	}
+	return -1
+}
+
+// loads fills the rank from one element of /v1/loads; false means d.err is set. A key sent twice
+// counts as its last value, as encoding/json reads it.
+func (d *rankDecoder) loads(item *fastjson.Value) bool {
+	obj := d.object(item)
+	if obj == nil {
+		return false
+	}
+	var w [rankKeys]*fastjson.Value
+	obj.Visit(func(key []byte, v *fastjson.Value) {
+		if k := rankKey(key); k >= 0 {
+			w[k] = v
+		}
+	})
+	d.dpRank(w[keyDPRank])
+	d.int(w[keyRunning], "num_running_reqs", &d.rk.Running, loadpolicy.FieldRunning)
+	d.int(w[keyWaiting], "num_waiting_reqs", &d.rk.Waiting, loadpolicy.FieldWaiting)
+	d.int(w[keyWaitingUncached], "num_waiting_uncached_tokens", &d.rk.WaitingUncachedTokens, loadpolicy.FieldWaitingUncachedTokens)
+	d.int(w[keyUsedTokens], "num_used_tokens", &d.rk.UsedTokens, loadpolicy.FieldUsedTokens)
+	d.int(w[keyTotalTokens], "num_total_tokens", &d.rk.TotalTokens, loadpolicy.FieldTotalTokens)
+	d.int(w[keyMaxTotalTokens], "max_total_num_tokens", &d.rk.MaxTotalTokens, loadpolicy.FieldMaxTotalTokens)
+	d.int(w[keyMaxRunning], "max_running_requests", &d.rk.MaxRunning, loadpolicy.FieldMaxRunning)
+	d.float(w[keyTokenUsage], "token_usage", &d.rk.TokenUsage, loadpolicy.FieldTokenUsage)
+	d.float(w[keyGenThroughput], "gen_throughput", &d.rk.GenThroughput, loadpolicy.FieldGenThroughput)
+	d.float(w[keyCacheHitRate], "cache_hit_rate", &d.rk.CacheHitRate, loadpolicy.FieldCacheHitRate)
+	d.float(w[keyUtilization], "utilization", &d.rk.Utilization, loadpolicy.FieldUtilization)
 	// The prefill counters count only as a pair.
-	if !absent(w.PrefillUncachedTokens) && !absent(w.PrefillBusyUS) {
-		d.int(w.PrefillUncachedTokens, "total_prefill_uncached_tokens", &d.rk.PrefillUncachedTokens, loadpolicy.FieldPrefillCounters)
-		d.int(w.PrefillBusyUS, "total_prefill_busy_us", &d.rk.PrefillBusyUS, loadpolicy.FieldPrefillCounters)
+	if !absent(w[keyPrefillUncached]) && !absent(w[keyPrefillBusy]) {
+		d.int(w[keyPrefillUncached], "total_prefill_uncached_tokens", &d.rk.PrefillUncachedTokens, loadpolicy.FieldPrefillCounters)
+		d.int(w[keyPrefillBusy], "total_prefill_busy_us", &d.rk.PrefillBusyUS, loadpolicy.FieldPrefillCounters)
 	}
 	return d.err == nil
 }
 
 // dpRank reads dp_rank, defaulting to the position in the array.
-func (d *rankDecoder) dpRank(raw rawValue, pos int) {
-	d.rk.DPRank = pos
-	if d.err != nil || absent(raw) {
+func (d *rankDecoder) dpRank(v *fastjson.Value) {
+	d.rk.DPRank = d.pos
+	if d.err != nil || absent(v) {
 		return
 	}
-	v, err := parseInt(raw)
-	if err == nil && int64(int(v)) != v {
+	n, err := d.parseInt(v)
+	if err == nil && int64(int(n)) != n {
 		err = errOutOfRange
 	}
 	if err != nil {
 		d.fail("dp_rank", err)
 		return
 	}
-	d.rk.DPRank = int(v)
+	d.rk.DPRank = int(n)
 }
 
-func (d *rankDecoder) int(raw rawValue, name string, dst *int64, f loadpolicy.Field) {
-	if d.err != nil || absent(raw) {
+func (d *rankDecoder) int(v *fastjson.Value, name string, dst *int64, f loadpolicy.Field) {
+	if d.err != nil || absent(v) {
 		return
 	}
-	v, err := parseInt(raw)
+	n, err := d.parseInt(v)
 	if err != nil {
 		d.fail(name, err)
 		return
 	}
-	*dst = v
+	*dst = n
 	d.rk.Fields |= f
 }
 
-func (d *rankDecoder) float(raw rawValue, name string, dst *float64, f loadpolicy.Field) {
-	if d.err != nil || absent(raw) {
+func (d *rankDecoder) float(v *fastjson.Value, name string, dst *float64, f loadpolicy.Field) {
+	if d.err != nil || absent(v) {
 		return
 	}
-	v, err := parseFloat(raw)
+	x, err := d.parseFloat(v)
 	if err != nil {
 		d.fail(name, err)
 		return
 	}
-	*dst = v
+	*dst = x
 	d.rk.Fields |= f
 }
 
@@ -283,14 +340,15 @@ const (
 
 // parseInt reads a JSON number holding an integer. Some servers serialise counts as floats (12.0),
 // so an integral float is accepted too.
-func parseInt(raw rawValue) (int64, error) {
-	if k := jsonKind(raw); k != "number" {
-		return 0, fmt.Errorf("want an integer, got %s", k)
+func (d *rankDecoder) parseInt(v *fastjson.Value) (int64, error) {
+	b, err := d.numberText(v, "an integer")
+	if err != nil {
+		return 0, err
 	}
-	s := string(trimJSON(raw))
-	v, err := strconv.ParseInt(s, 10, 64)
+	s := string(b)
+	n, err := strconv.ParseInt(s, 10, 64)
 	if err == nil {
-		return v, nil
+		return n, nil
 	}
 	if errors.Is(err, strconv.ErrRange) {
 		return 0, errOutOfRange
@@ -311,51 +369,86 @@ func parseInt(raw rawValue) (int64, error) {
 
 // parseFloat reads a JSON number. A value beyond float64 reads as an infinity, which NewReport drops as
 // not sent.
-func parseFloat(raw rawValue) (float64, error) {
-	if k := jsonKind(raw); k != "number" {
-		return 0, fmt.Errorf("want a number, got %s", k)
+func (d *rankDecoder) parseFloat(v *fastjson.Value) (float64, error) {
+	b, err := d.numberText(v, "a number")
+	if err != nil {
+		return 0, err
 	}
-	f, err := strconv.ParseFloat(string(trimJSON(raw)), 64)
+	f, err := strconv.ParseFloat(string(b), 64)
 	if err != nil && !errors.Is(err, strconv.ErrRange) {
 		return 0, errNotANumber
 	}
 	return f, nil
 }
 
-func absent(raw rawValue) bool {
-	k := jsonKind(raw)
-	return k == "nothing" || k == "null"
+// numberText returns the text of a number value, checked against JSON's grammar: the parser also
+// passes NaN, Inf, 01 or 1e, which strconv would read or mis-read. want names the kind expected, for
+// the error. The text is valid until the next call.
+func (d *rankDecoder) numberText(v *fastjson.Value, want string) ([]byte, error) {
+	if v.Type() != fastjson.TypeNumber {
+		return nil, fmt.Errorf("want %s, got %s", want, kindOf(v))
+	}
+	b := v.MarshalTo((*d.num)[:0])
+	*d.num = b
+	if !jsonNumber(b) {
+		return nil, errNotANumber
+	}
+	return b, nil
 }
 
-// trimJSON cuts JSON whitespace from both ends; bytes.Trim would build its cutset on every call.
-func trimJSON(raw []byte) []byte {
-	for len(raw) > 0 && isJSONSpace(raw[0]) {
-		raw = raw[1:]
+// jsonNumber reports whether b is a number as JSON spells one: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+func jsonNumber(b []byte) bool {
+	i := 0
+	digits := func() int {
+		n := 0
+		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+			i++
+			n++
+		}
+		return n
 	}
-	for len(raw) > 0 && isJSONSpace(raw[len(raw)-1]) {
-		raw = raw[:len(raw)-1]
+	if i < len(b) && b[i] == '-' {
+		i++
 	}
-	return raw
+	if i < len(b) && b[i] == '0' {
+		i++
+	} else if digits() == 0 {
+		return false
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if digits() == 0 {
+			return false
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if digits() == 0 {
+			return false
+		}
+	}
+	return i == len(b)
 }
 
-func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
+func absent(v *fastjson.Value) bool {
+	return v == nil || v.Type() == fastjson.TypeNull
+}
 
-// jsonKind names the kind of a valid JSON value from its first byte.
-func jsonKind(raw []byte) string {
-	raw = trimJSON(raw)
-	if len(raw) == 0 {
-		return "nothing"
-	}
-	switch raw[0] {
-	case '{':
+// kindOf names the kind of a JSON value, in encoding/json's words.
+func kindOf(v *fastjson.Value) string {
+	switch v.Type() {
+	case fastjson.TypeObject:
 		return "object"
-	case '[':
+	case fastjson.TypeArray:
 		return "array"
-	case '"':
+	case fastjson.TypeString:
 		return "string"
-	case 't', 'f':
+	case fastjson.TypeTrue, fastjson.TypeFalse:
 		return "boolean"
-	case 'n':
+	case fastjson.TypeNull:
 		return "null"
 	}
 	return "number"

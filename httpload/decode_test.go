@@ -156,6 +156,11 @@ func TestDecodeLoadsFields(t *testing.T) {
 		{"integer ratio", `{"loads":[{"token_usage":1}]}`, loadpolicy.FieldTokenUsage,
 			func(r *loadpolicy.Rank) bool { return r.TokenUsage == 1 }},
 		{"dp_rank defaults to position", `{"loads":[{"dp_rank":7},{}]}`, 0, nil},
+		{"key sent twice: the last counts", `{"loads":[{"num_running_reqs":"x","num_running_reqs":5}]}`, loadpolicy.FieldRunning,
+			func(r *loadpolicy.Rank) bool { return r.Running == 5 }},
+		{"escaped key", `{"lo\u0061ds":[{"num_running_r\u0065qs":5}]}`, loadpolicy.FieldRunning,
+			func(r *loadpolicy.Rank) bool { return r.Running == 5 }},
+		{"key in another case is another key", `{"loads":[{"NUM_RUNNING_REQS":5}]}`, 0, nil},
 		{"unknown sections ignored", `{"loads":[{"memory":{"weight_gb":"x"},"queues":[],"num_total_reqs":"x"}],
 			"aggregate":"x","dp_rank_count":"x","version":3}`, 0, nil},
 	}
@@ -256,6 +261,11 @@ func TestDecodeLoadsErrors(t *testing.T) {
 		{"string ratio", `{"loads":[{"token_usage":"0.5"}]}`, "loads[0].token_usage", "want a number, got string"},
 		{"array ratio", `{"loads":[{"gen_throughput":[1]}]}`, "loads[0].gen_throughput", "got array"},
 		{"string dp_rank", `{"loads":[{"dp_rank":"0"}]}`, "loads[0].dp_rank", "got string"},
+		{"NaN", `{"loads":[{"token_usage":NaN}]}`, "loads[0].token_usage", "malformed number"},
+		{"infinity", `{"loads":[{"gen_throughput":-inf}]}`, "loads[0].gen_throughput", "malformed number"},
+		{"leading zero", `{"loads":[{"num_running_reqs":01}]}`, "loads[0].num_running_reqs", "malformed number"},
+		{"no exponent digits", `{"loads":[{"num_running_reqs":1e}]}`, "loads[0].num_running_reqs", "malformed number"},
+		{"trailing garbage", `{"loads":[]} x`, "", "invalid character 'x' after top-level value"},
 		{"sum beyond int64", `{"loads":[{"num_used_tokens":9223372036854775807},{"num_used_tokens":1}]}`, "loads", "used tokens over 2 ranks sum beyond int64"},
 	}
 	for _, tt := range tests {
