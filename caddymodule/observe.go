@@ -32,6 +32,9 @@ var pollResults = [...]string{resultOK, resultTimeout, resultHTTPStatus, resultG
 
 // pollResult classifies a poll's error into one of a fixed set of label values.
 func pollResult(err error) string {
+	if err == nil {
+		return resultOK // before the targets of errors.As, which escape: five allocations a call
+	}
 	var (
 		timeout  *monitor.TimeoutError
 		hstatus  *httpload.StatusError
@@ -40,8 +43,6 @@ func pollResult(err error) string {
 		tooLarge *httpload.TooLargeError
 	)
 	switch {
-	case err == nil:
-		return resultOK
 	case errors.As(err, &timeout):
 		return resultTimeout
 	case errors.As(err, &hstatus):

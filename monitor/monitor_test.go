@@ -229,3 +229,42 @@ func TestWaitsLandOnTheGrid(t *testing.T) {
 		t.Errorf("onGrid with no grid = %s, want the wait unchanged", got)
 	}
 }
+
+// Stop and Remove end a poll in flight at once, not at its deadline, and the cut poll counts as no
+// failure of the worker.
+func TestStopAndRemoveCutThePollInFlight(t *testing.T) {
+	for _, how := range []string{"Stop", "Remove"} {
+		t.Run(how, func(t *testing.T) {
+			m := New(Options{})
+			started := make(chan struct{}, 1)
+			f := &funcFetcher{fn: func(ctx context.Context) (*loadpolicy.Report, error) {
+				started <- struct{}{}
+				<-ctx.Done()
+				return nil, ctx.Err()
+			}}
+			st := new(State)
+			if err := m.Add(Target{Key: "a", Fetcher: f, Interval: time.Hour, Timeout: time.Hour, State: st}); err != nil {
+				t.Fatal(err)
+			}
+			m.Start()
+			<-started
+			stopped := make(chan struct{})
+			go func() {
+				defer close(stopped)
+				if how == "Stop" {
+					m.Stop()
+				} else {
+					m.Remove("a")
+				}
+			}()
+			select {
+			case <-stopped:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s waited for the poll's hour-long deadline", how)
+			}
+			if snap := st.Load(); snap != nil {
+				t.Errorf("the cut poll was published: %+v", snap)
+			}
+		})
+	}
+}
