@@ -47,12 +47,11 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 	st := new(requestState)
 	st.size = loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
 	if readBody {
-		head, complete := affinity.ReadHead(r, limit, nil)
 		st.body.Blocks = st.blocks[:0]
 		if p.Affinity != affinityPrefix {
 			st.body.Blocks = st.blocks[:0:0] // only a prefix key needs the blocks
 		}
-		affinity.Parse(r.URL.Path, head, complete, r.ContentLength, &st.body)
+		affinity.ReadRequest(r, limit, &st.body)
 		if st.body.PromptTokens > 0 {
 			st.size.PromptTokens = st.body.PromptTokens
 		}
