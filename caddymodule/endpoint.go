@@ -141,7 +141,11 @@ const minCost = 1e-9
 // worker holds; c.Inflight is the proxy's in-flight count to it. reportOnly prices it on the report as
 // it came, without what happened since (inflight_correction off).
 func (ep *endpoint) priced(c *loadpolicy.Candidate, now time.Time, req loadpolicy.Request, cached int64, params *loadpolicy.CostParams, reportOnly bool) {
-	rep := ep.fresh(now)
+	ep.pricedOn(ep.fresh(now), c, now, req, cached, params, reportOnly)
+}
+
+// pricedOn is priced on rep, the endpoint's fresh report at now (nil if none).
+func (ep *endpoint) pricedOn(rep *loadpolicy.Report, c *loadpolicy.Candidate, now time.Time, req loadpolicy.Request, cached int64, params *loadpolicy.CostParams, reportOnly bool) {
 	if rep == nil || !rep.Priced() {
 		return
 	}
