@@ -214,7 +214,7 @@ func (c *affinityCandidates) Cost(i int, cached int64) (float64, bool) {
 		return 0, false
 	}
 	cand := loadpolicy.Candidate{Inflight: inflight}
-	ep.pricedOn(c.fresh(i, ep), &cand, c.now, c.size, cached, &c.params, c.p.noExtra)
+	ep.priced(c.fresh(i, ep), &cand, c.now, c.size, cached, &c.params, c.p.noExtra)
 	return cand.Cost, cand.Priced()
 }
 
