@@ -2,7 +2,9 @@ package affinity
 
 import (
 	"io"
+	"math/bits"
 	"net/http"
+	"sync"
 	"sync/atomic"
 )
 
@@ -15,30 +17,64 @@ import (
 // read from a copy it returns and r.Body is left as it is.
 //
 // The head aliases buf, and r.Body refers to it until the request is over: buf must not be reused
-// before then.
+// before then. ReadRequest takes care of that.
 func ReadHead(r *http.Request, limit int, buf []byte) (head []byte, complete bool) {
-	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
-		return nil, true
-	}
-	if enc := r.Header.Get("Content-Encoding"); enc != "" && enc != "identity" {
-		return nil, false
-	}
-	if limit <= 0 {
-		return nil, false
-	}
-	want := limit
-	if r.ContentLength > 0 && r.ContentLength < int64(want) {
-		want = int(r.ContentLength)
+	want, complete, ok := headSize(r, limit)
+	if !ok {
+		return nil, complete
 	}
 	if cap(buf) < want {
 		buf = make([]byte, want)
 	}
-	buf = buf[:want]
+	head, complete, _ = readHead(r, buf[:want], nil)
+	return head, complete
+}
+
+// ReadRequest reads the head of r's body as ReadHead does and parses it into dst as Parse does, into a
+// buffer that is reused once nothing can read it any more: at once when r.Body was left as it was,
+// else when r.Body has yielded the whole head. A head that is not read to its end (an abandoned
+// attempt) is left to the garbage collector.
+func ReadRequest(r *http.Request, limit int, dst *Request) {
+	want, complete, ok := headSize(r, limit)
+	if !ok {
+		Parse(r.URL.Path, nil, complete, r.ContentLength, dst)
+		return
+	}
+	buf := getHead(want)
+	head, complete, kept := readHead(r, (*buf)[:want], buf)
+	Parse(r.URL.Path, head, complete, r.ContentLength, dst)
+	if !kept {
+		putHead(buf)
+	}
+}
+
+// headSize is how many bytes of r's body to read with limit; not ok when none are (complete for an
+// empty body).
+func headSize(r *http.Request, limit int) (want int, complete, ok bool) {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		return 0, true, false
+	}
+	if enc := r.Header.Get("Content-Encoding"); enc != "" && enc != "identity" {
+		return 0, false, false
+	}
+	if limit <= 0 {
+		return 0, false, false
+	}
+	want = limit
+	if r.ContentLength > 0 && r.ContentLength < int64(want) {
+		want = int(r.ContentLength)
+	}
+	return want, false, true
+}
+
+// readHead fills buf from r's body (see ReadHead). pooled, if not nil, is buf's pool entry: kept
+// reports that r.Body took it, to return it once its head is read.
+func readHead(r *http.Request, buf []byte, pooled *[]byte) (head []byte, complete, kept bool) {
 	if r.GetBody != nil {
 		if body, err := r.GetBody(); err == nil {
 			n, err := io.ReadFull(body, buf)
 			body.Close()
-			return buf[:n], isEnd(err, n, r.ContentLength)
+			return buf[:n], isEnd(err, n, r.ContentLength), false
 		}
 	}
 	n, err := io.ReadFull(r.Body, buf)
@@ -46,8 +82,12 @@ func ReadHead(r *http.Request, limit int, buf []byte) (head []byte, complete boo
 	if err == io.EOF || err == io.ErrUnexpectedEOF {
 		err = nil // the original body reports its own end again when read
 	}
-	r.Body = &headBody{head: buf[:n], err: err, rest: r.Body}
-	return buf[:n], complete
+	hb := &headBody{head: buf[:n], err: err, rest: r.Body}
+	if n > 0 {
+		hb.pooled = pooled
+	}
+	r.Body = hb
+	return buf[:n], complete, hb.pooled != nil
 }
 
 // isEnd reports whether a read of n bytes that ended with err saw the whole body.
@@ -61,6 +101,9 @@ type headBody struct {
 	head []byte
 	err  error
 	rest io.ReadCloser
+	// pooled is the head's buffer, returned to its pool by the Read that yields the head's last
+	// byte: only Read looks at the head, and never again after that.
+	pooled *[]byte
 	// read is set once anything was asked of the body. Until then Close does not close the original,
 	// as Caddy's reverse proxy does for an unread body, so a retry after a dial error still has all of it.
 	// Atomic: a transport may Close from another goroutine than the one reading.
@@ -74,6 +117,13 @@ func (b *headBody) Read(p []byte) (int, error) {
 	if len(b.head) > 0 {
 		n := copy(p, b.head)
 		b.head = b.head[n:]
+		if len(b.head) == 0 {
+			b.head = nil
+			if b.pooled != nil {
+				putHead(b.pooled)
+				b.pooled = nil
+			}
+		}
 		return n, nil
 	}
 	if b.err != nil {
@@ -87,4 +137,45 @@ func (b *headBody) Close() error {
 		return nil
 	}
 	return b.rest.Close()
+}
+
+// Head buffers are pooled by size class, 2^k and 1.5 × 2^k bytes from 1 KiB to 1 MiB, so a head
+// takes at most half as much again as it needs; a larger one is not pooled.
+const (
+	minHeadShift = 10
+	maxHeadShift = 20
+)
+
+var heads [2*(maxHeadShift-minHeadShift) + 1]sync.Pool
+
+// headClass is the pool index and the size of the smallest class that holds n bytes, and whether it
+// is pooled.
+func headClass(n int) (index, size int, ok bool) {
+	k := max(bits.Len(uint(n-1)), minHeadShift) // n <= 1<<k
+	if k > maxHeadShift {
+		return 0, n, false
+	}
+	if k > minHeadShift && n <= 3<<(k-2) {
+		return 2*(k-minHeadShift) - 1, 3 << (k - 2), true
+	}
+	return 2 * (k - minHeadShift), 1 << k, true
+}
+
+// getHead returns a buffer of at least n bytes. A pool holds pointers: a slice would be boxed.
+func getHead(n int) *[]byte {
+	i, size, ok := headClass(n)
+	if ok {
+		if b, hit := heads[i].Get().(*[]byte); hit {
+			return b
+		}
+	}
+	b := make([]byte, size)
+	return &b
+}
+
+// putHead returns a buffer from getHead to its pool. Nothing may refer to it any more.
+func putHead(b *[]byte) {
+	if i, size, ok := headClass(cap(*b)); ok && size == cap(*b) {
+		heads[i].Put(b)
+	}
 }

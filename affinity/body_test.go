@@ -190,6 +190,114 @@ func TestReadHeadLeavesSomeBodiesAlone(t *testing.T) {
 	})
 }
 
+// TestReadRequestReusesTheHeadSafely checks the pooled head's hazards: a body read in part, closed
+// twice and read again still yields its own bytes while other requests take buffers from the pool, and
+// once its head is read out, the buffer another request reuses never shows through it.
+func TestReadRequestReusesTheHeadSafely(t *testing.T) {
+	const size, limit = 5000, 3000
+	newRequest := func(fill byte) (*http.Request, []byte, *closeRecorder) {
+		sent := bytes.Repeat([]byte{fill}, size)
+		copy(sent, `{"prompt":"`) // a /v1/completions body cut inside its prompt
+		orig := &closeRecorder{Reader: bytes.NewReader(sent)}
+		r := httptest.NewRequest(http.MethodPost, "/v1/completions", nil)
+		r.Body, r.ContentLength = orig, size
+		return r, sent, orig
+	}
+	read := func(r *http.Request, n int) []byte {
+		t.Helper()
+		got := make([]byte, n)
+		if _, err := io.ReadFull(r.Body, got); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	busy := func() { // other requests, each read out, so their buffers go back to the pool
+		for range 10 {
+			r, sent, _ := newRequest('b')
+			var req Request
+			ReadRequest(r, limit, &req)
+			if got, err := io.ReadAll(r.Body); err != nil || !bytes.Equal(got, sent) {
+				t.Fatalf("another request's body: %d bytes, %v", len(got), err)
+			}
+		}
+	}
+
+	t.Run("read in part", func(t *testing.T) {
+		r, sent, orig := newRequest('a')
+		req := Request{Blocks: make([]uint64, 0, MaxBlocks)}
+		ReadRequest(r, limit, &req)
+		if req.Shape != ShapeCompletion || req.PromptTokens != int64(size-len(`{"prompt":"`)+3)/4 {
+			t.Fatalf("parsed %+v", req)
+		}
+		got := read(r, 1000)
+		r.Body.Close()
+		r.Body.Close()
+		busy()
+		rest, _ := io.ReadAll(r.Body) // read after close: the head's rest, then the closed original's
+		if got = append(got, rest...); !bytes.Equal(got, sent) || orig.closed != 2 {
+			t.Fatalf("body gave %d bytes (equal %t), original closed %d times", len(got), bytes.Equal(got, sent), orig.closed)
+		}
+	})
+
+	t.Run("read out", func(t *testing.T) {
+		reused := false
+		for range 100 { // the pool may drop a buffer (always under -race now and then)
+			r, sent, _ := newRequest('a')
+			var req Request
+			ReadRequest(r, limit, &req)
+			buf := r.Body.(*headBody).pooled
+			got := read(r, limit) // the head's last byte: its buffer goes back
+			r.Body.Close()
+			r.Body.Close()
+			other, otherSent, _ := newRequest('b')
+			ReadRequest(other, limit, &req)
+			reused = reused || other.Body.(*headBody).pooled == buf
+			rest, err := io.ReadAll(r.Body)
+			if got = append(got, rest...); err != nil || !bytes.Equal(got, sent) {
+				t.Fatalf("body gave %d bytes (equal %t), %v", len(got), bytes.Equal(got, sent), err)
+			}
+			if got, err := io.ReadAll(other.Body); err != nil || !bytes.Equal(got, otherSent) {
+				t.Fatalf("the reusing request's body: %d bytes, %v", len(got), err)
+			}
+			if reused {
+				return
+			}
+		}
+		t.Fatal("no head buffer was reused")
+	})
+
+	t.Run("same as ReadHead and Parse", func(t *testing.T) {
+		for _, body := range []string{chatBody(16<<10, true), chatBody(100, false), `{"text":"hi"}`} {
+			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+			want := Request{Blocks: make([]uint64, 0, MaxBlocks)}
+			head, complete := ReadHead(r, 64<<10, nil)
+			Parse(r.URL.Path, head, complete, r.ContentLength, &want)
+			r = httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+			got := Request{Blocks: make([]uint64, 0, MaxBlocks)}
+			ReadRequest(r, 64<<10, &got)
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("ReadRequest %+v, ReadHead and Parse %+v", got, want)
+			}
+			if sent, err := io.ReadAll(r.Body); err != nil || string(sent) != body {
+				t.Fatalf("body %d bytes, %v", len(sent), err)
+			}
+		}
+	})
+}
+
+func TestHeadClasses(t *testing.T) {
+	for _, c := range []struct{ n, size int }{
+		{1, 1024}, {1024, 1024}, {1025, 1536}, {1536, 1536}, {1537, 2048}, {16 << 10, 16 << 10},
+		{16<<10 + 1, 24 << 10}, {64 << 10, 64 << 10}, {1 << 20, 1 << 20}, {1<<20 + 1, 1<<20 + 1},
+	} {
+		b := getHead(c.n)
+		if len(*b) != c.size {
+			t.Errorf("getHead(%d) has %d bytes, want %d", c.n, len(*b), c.size)
+		}
+		putHead(b)
+	}
+}
+
 func BenchmarkReadHead(b *testing.B) {
 	body := []byte(chatBody(16<<10, false))
 	buf := make([]byte, 0, 64<<10)

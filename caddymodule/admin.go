@@ -248,7 +248,7 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 			}
 			params := defaultCostParams()
 			pc := loadpolicy.Candidate{Inflight: v.Inflight}
-			if ep.priced(&pc, now, referenceRequest, 0, &params, false); pc.Priced() {
+			if ep.priced(ep.fresh(now), &pc, now, referenceRequest, 0, &params, false); pc.Priced() {
 				v.Score.CostSeconds = &pc.Cost
 			}
 			if speed, ok := ep.fresh(now).PrefillTokensPerSec(); ok {

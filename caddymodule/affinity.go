@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"math/rand/v2"
 	"net/http"
+	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -47,12 +48,11 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 	st := new(requestState)
 	st.size = loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
 	if readBody {
-		head, complete := affinity.ReadHead(r, limit, nil)
 		st.body.Blocks = st.blocks[:0]
 		if p.Affinity != affinityPrefix {
 			st.body.Blocks = st.blocks[:0:0] // only a prefix key needs the blocks
 		}
-		affinity.Parse(r.URL.Path, head, complete, r.ContentLength, &st.body)
+		affinity.ReadRequest(r, limit, &st.body)
 		if st.body.PromptTokens > 0 {
 			st.size.PromptTokens = st.body.PromptTokens
 		}
@@ -78,12 +78,15 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 
 // selectByAffinity is Select with affinity on: each available upstream is priced by the cost model with
 // the request's tokens cached there taken off its prefill, within the balance bound.
-func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, byIndex []*endpoint, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, byIndex []*endpoint, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	st := p.readRequest(r)
 	c := &st.cands
 	*c = affinityCandidates{poolView: p.view(pool, byIndex)}
+	if byIndex != nil {
+		c.known = x.workers
+	}
 	c.size, c.params = st.size, p.costParams()
-	c.weighByCaps()
+	c.look()
 	choice := p.affinityIndex.Choose(st.key, c, p.AffinityBalance)
 	if choice.Index < 0 {
 		return p.selectFallback(pool, r, w)
@@ -100,27 +103,37 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, byIndex []*end
 	return pool[choice.Index]
 }
 
-// affinityCandidates are a pool's upstreams as affinity.Index.Choose sees them. The workers of the
-// first len(workers) positions are looked up once per request.
+// affinityCandidates are a pool's upstreams as affinity.Index.Choose sees them. The first len(cands)
+// positions are looked up once per request: Choose asks for each one's worker and report more than once.
 type affinityCandidates struct {
 	poolView
-	workers [64]affinity.Worker
-	// caps are the batch caps (max_running_requests) of the first len(caps) positions, the fleet's mean
-	// where unknown: a worker's share of the keys. Positions past them weigh meanCap.
-	caps    [64]float64
+	known []atomic.Pointer[affinity.Worker] // the static pool's workers by position (poolIndex.workers), else nil
+	cands [64]affinityCandidate
+	// meanCap is the fleet's mean batch cap, the weight of positions past len(cands).
 	meanCap float64
 }
 
-// weighByCaps sets caps from the batch caps of the fresh reports.
-func (c *affinityCandidates) weighByCaps() {
-	n := min(len(c.pool), len(c.caps))
+type affinityCandidate struct {
+	worker affinity.Worker
+	// ep is the endpoint found by look, nil if none, and rep its fresh report then, nil if none.
+	ep  *endpoint
+	rep *loadpolicy.Report
+	// cap is the batch cap (max_running_requests), the fleet's mean where unknown: the worker's share
+	// of the keys.
+	cap float64
+}
+
+// look notes each position's endpoint and fresh report, and weighs it by its batch cap.
+func (c *affinityCandidates) look() {
+	n := min(len(c.pool), len(c.cands))
 	var sum float64
 	known := 0
 	for i := range n {
-		if ep := c.endpoint(i); ep != nil {
-			if rep := ep.fresh(c.now); rep != nil && rep.MaxRunning > 0 {
-				c.caps[i] = float64(rep.MaxRunning)
-				sum += c.caps[i]
+		cand := &c.cands[i]
+		if cand.ep = c.endpoint(i); cand.ep != nil {
+			if cand.rep = cand.ep.fresh(c.now); cand.rep != nil && cand.rep.MaxRunning > 0 {
+				cand.cap = float64(cand.rep.MaxRunning)
+				sum += cand.cap
 				known++
 			}
 		}
@@ -130,27 +143,48 @@ func (c *affinityCandidates) weighByCaps() {
 	}
 	c.meanCap = sum / float64(known)
 	for i := range n {
-		if c.caps[i] == 0 {
-			c.caps[i] = c.meanCap // an unknown worker takes a mean share
+		if c.cands[i].cap == 0 {
+			c.cands[i].cap = c.meanCap // an unknown worker takes a mean share
 		}
 	}
+}
+
+// fresh is ep's fresh report, as look found it if ep is upstream i's endpoint then.
+func (c *affinityCandidates) fresh(i int, ep *endpoint) *loadpolicy.Report {
+	if i < len(c.cands) && c.cands[i].ep == ep {
+		return c.cands[i].rep
+	}
+	return ep.fresh(c.now)
 }
 
 func (c *affinityCandidates) Len() int { return len(c.pool) }
 
 // Worker is the upstream's worker; the zero Worker, which Choose skips, for an unavailable one.
 func (c *affinityCandidates) Worker(i int) affinity.Worker {
-	u := c.pool[i]
-	if !u.Available() {
+	if !c.pool[i].Available() {
 		return affinity.Worker{}
 	}
-	if i < len(c.workers) && c.workers[i].ID != 0 {
-		return c.workers[i]
+	if i < len(c.cands) && c.cands[i].worker.ID != 0 {
+		return c.cands[i].worker
 	}
-	w := c.p.workerOf(u.Dial)
-	if i < len(c.workers) {
-		c.workers[i] = w
+	w := c.workerOf(i)
+	if i < len(c.cands) {
+		c.cands[i].worker = w
 	}
+	return w
+}
+
+// workerOf is upstream i's worker, kept by position for the static pool so that it is found without
+// hashing the dial address.
+func (c *affinityCandidates) workerOf(i int) affinity.Worker {
+	if c.known == nil {
+		return c.p.workerOf(c.pool[i].Dial)
+	}
+	if w := c.known[i].Load(); w != nil {
+		return *w
+	}
+	w := c.p.workerOf(c.pool[i].Dial)
+	c.known[i].Store(&w)
 	return w
 }
 
@@ -159,15 +193,15 @@ func (c *affinityCandidates) Load(i int) float64 { return float64(c.pool[i].NumR
 // Weight is the upstream's batch cap (the fleet's mean where unknown); 0, which Choose counts as 1 for
 // every worker alike, when no fresh report has one.
 func (c *affinityCandidates) Weight(i int) float64 {
-	if i < len(c.caps) {
-		return c.caps[i]
+	if i < len(c.cands) {
+		return c.cands[i].cap
 	}
 	return c.meanCap
 }
 
 func (c *affinityCandidates) Alone(i int) float64 {
 	if ep := c.endpoint(i); ep != nil {
-		if rep := ep.fresh(c.now); rep != nil {
+		if rep := c.fresh(i, ep); rep != nil {
 			return rep.AloneCost(c.size, &c.params)
 		}
 	}
@@ -180,7 +214,7 @@ func (c *affinityCandidates) Cost(i int, cached int64) (float64, bool) {
 		return 0, false
 	}
 	cand := loadpolicy.Candidate{Inflight: inflight}
-	ep.priced(&cand, c.now, c.size, cached, &c.params, c.p.noExtra)
+	ep.priced(c.fresh(i, ep), &cand, c.now, c.size, cached, &c.params, c.p.noExtra)
 	return cand.Cost, cand.Priced()
 }
 

@@ -137,11 +137,11 @@ func (ep *endpoint) placed(req loadpolicy.Request, cached int64) {
 // minCost is the least price: a Candidate's zero cost means not priced.
 const minCost = 1e-9
 
-// priced sets c's price of req on this worker by the cost model, cached of whose prompt tokens the
-// worker holds; c.Inflight is the proxy's in-flight count to it. reportOnly prices it on the report as
-// it came, without what happened since (inflight_correction off).
-func (ep *endpoint) priced(c *loadpolicy.Candidate, now time.Time, req loadpolicy.Request, cached int64, params *loadpolicy.CostParams, reportOnly bool) {
-	rep := ep.fresh(now)
+// priced sets c's price of req on this worker by the cost model from rep, the worker's fresh report
+// at now (nil if none), cached of whose prompt tokens the worker holds; c.Inflight is the proxy's
+// in-flight count to it. reportOnly prices it on the report as it came, without what happened since
+// (inflight_correction off).
+func (ep *endpoint) priced(rep *loadpolicy.Report, c *loadpolicy.Candidate, now time.Time, req loadpolicy.Request, cached int64, params *loadpolicy.CostParams, reportOnly bool) {
 	if rep == nil || !rep.Priced() {
 		return
 	}

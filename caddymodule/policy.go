@@ -416,7 +416,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	}
 	switch {
 	case p.affinityIndex != nil:
-		return p.selectByAffinity(pool, byIndex, r, w)
+		return p.selectByAffinity(pool, x, byIndex, r, w)
 	case p.metric.Cost():
 		return p.selectByCost(pool, byIndex, r, w)
 	}

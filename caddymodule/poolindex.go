@@ -4,6 +4,8 @@ import (
 	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/caddy-sglang/caddy-sglang/affinity"
 )
 
 // poolIndex holds the endpoint of each upstream of the reverse proxy's static pool, by position:
@@ -12,13 +14,15 @@ import (
 type poolIndex struct {
 	pool reverseproxy.UpstreamPool
 	eps  []*endpoint // nil where the upstream has no endpoint (a placeholder address)
+	// workers are the upstreams' affinity workers, made on first use (affinityCandidates.workerOf).
+	workers []atomic.Pointer[affinity.Worker]
 	// hostsNoted is set once each endpoint knows its upstream's Host, which the proxy provisions after
 	// the policy and keeps for the config's life.
 	hostsNoted atomic.Bool
 }
 
 func newPoolIndex(pool reverseproxy.UpstreamPool, byDial map[string]*endpoint) *poolIndex {
-	x := &poolIndex{pool: pool, eps: make([]*endpoint, len(pool))}
+	x := &poolIndex{pool: pool, eps: make([]*endpoint, len(pool)), workers: make([]atomic.Pointer[affinity.Worker], len(pool))}
 	for i, u := range pool {
 		x.eps[i] = byDial[u.Dial]
 	}

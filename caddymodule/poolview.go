@@ -76,7 +76,7 @@ func (v *poolView) priced(i int) (loadpolicy.Candidate, bool) {
 	ep, inflight, ok := v.upstream(i)
 	c := loadpolicy.Candidate{Inflight: inflight}
 	if ep != nil {
-		ep.priced(&c, v.now, v.size, 0, &v.params, v.p.noExtra)
+		ep.priced(ep.fresh(v.now), &c, v.now, v.size, 0, &v.params, v.p.noExtra)
 	}
 	return c, ok
 }
