@@ -96,7 +96,7 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, 
 	if ep := c.endpoint(choice.Index); ep != nil {
 		ep.placed(st.size, choice.CachedTokens)
 	}
-	p.noteOutput(st.size.OutputTokens)
+	p.noteSize(st.size, choice.CachedTokens)
 	if len(st.key.Blocks) > 0 {
 		p.affinityIndex.Record(st.key.Blocks, c.Worker(choice.Index))
 	}
@@ -258,6 +258,6 @@ func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, byIndex []*endpoin
 	if ep := v.endpoint(idx); ep != nil {
 		ep.placed(v.size, 0)
 	}
-	p.noteOutput(v.size.OutputTokens)
+	p.noteSize(v.size, 0)
 	return pool[idx]
 }

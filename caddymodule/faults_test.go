@@ -222,7 +222,7 @@ func httpFaults() []httpFault {
 		{name: "negative counts", state: "fresh", result: "ok", check: totals(nil, nil, f64(0.95)),
 			load: answer(loadsBody(`{"dp_rank":0,"num_running_reqs":-5,"num_waiting_reqs":-3,"num_waiting_uncached_tokens":-100,` +
 				`"num_used_tokens":-1,"max_total_num_tokens":100000,"token_usage":0.95,"gen_throughput":1000}`))},
-		{name: "token_usage NaN (bare)", state: "missing", result: "decode", check: errorHas("invalid character 'N'"),
+		{name: "token_usage NaN (bare)", state: "missing", result: "decode", check: errorHas("loads[0].token_usage: malformed number"),
 			load: answer(loadsBody(`{"dp_rank":0,"num_running_reqs":0,"num_waiting_reqs":0,"token_usage":NaN}`))},
 		{name: "token_usage Infinity (bare)", state: "missing", result: "decode", check: errorHas("invalid character 'I'"),
 			load: answer(loadsBody(`{"dp_rank":0,"num_running_reqs":0,"num_waiting_reqs":0,"token_usage":Infinity}`))},

@@ -135,9 +135,13 @@ type Policy struct {
 	affinityIndex *affinity.Index
 	workers       atomic.Pointer[map[string]affinity.Worker]
 	meanOut       atomic.Uint64 // float64 bits: mean output tokens of recent requests, for the cost model
-	spec          endpointSpec  // template for this group's endpoints; address set per upstream
-	app           *App
-	logger        *zap.Logger
+	// meanPrompt and meanPromptSq are float64 bits: the mean uncached prompt tokens of recent requests
+	// and the mean of their squares, for the cost model's prefill queueing.
+	meanPrompt, meanPromptSq atomic.Uint64
+
+	spec   endpointSpec // template for this group's endpoints; address set per upstream
+	app    *App
+	logger *zap.Logger
 
 	mu        sync.Mutex                           // serialises registration
 	endpoints atomic.Pointer[map[string]*endpoint] // by upstream dial address; copy on write
@@ -346,6 +350,9 @@ const (
 func (p *Policy) costParams() loadpolicy.CostParams {
 	params := p.costs
 	params.MeanOutputTokens = math.Float64frombits(p.meanOut.Load())
+	if mean := math.Float64frombits(p.meanPrompt.Load()); mean > 0 {
+		params.ResidualPromptTokens = math.Float64frombits(p.meanPromptSq.Load()) / (2 * mean)
+	}
 	if p.DecodeTokensPerSec == 0 && p.app != nil {
 		params.DecodeTokensPerSec = max(params.DecodeTokensPerSec, p.app.fleetSpeed.load())
 	}
@@ -443,14 +450,22 @@ func (p *Policy) selectFallback(pool reverseproxy.UpstreamPool, r *http.Request,
 // bytesPerToken is the prompt's bytes per token where only the body's length is known.
 const bytesPerToken = 4
 
-// meanOutWeight is the weight of one request in the mean output size: about the last hundred count.
-const meanOutWeight = 0.01
+// meanWeight is the weight of one request in the mean request size: about the last hundred count.
+const meanWeight = 0.01
 
-// noteOutput folds a placed request's output size into the mean. Concurrent updates may lose one
-// another's weight; the mean stays a mean of recent requests.
-func (p *Policy) noteOutput(tokens int64) {
-	old := math.Float64frombits(p.meanOut.Load())
-	p.meanOut.Store(math.Float64bits(old + meanOutWeight*(float64(tokens)-old)))
+// noteSize folds a placed request's size into the means: its output, and its prompt less the cached
+// tokens where it went. Concurrent updates may lose one another's weight; the means stay means of
+// recent requests.
+func (p *Policy) noteSize(req loadpolicy.Request, cached int64) {
+	uncached := float64(max(req.PromptTokens-cached, 0))
+	foldMean(&p.meanOut, float64(req.OutputTokens))
+	foldMean(&p.meanPrompt, uncached)
+	foldMean(&p.meanPromptSq, uncached*uncached)
+}
+
+func foldMean(mean *atomic.Uint64, v float64) {
+	old := math.Float64frombits(mean.Load())
+	mean.Store(math.Float64bits(old + meanWeight*(v-old)))
 }
 
 // registerLate registers an upstream first seen in Select (a dynamic upstream); it logs once and

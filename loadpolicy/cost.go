@@ -31,6 +31,10 @@ type CostParams struct {
 	// MeanOutputTokens is the mean OutputTokens of recent requests: the size of the requests a worker
 	// runs, whose finishing frees room for the next.
 	MeanOutputTokens float64
+	// ResidualPromptTokens is, of the uncached prompts of recent requests, the mean E[P²] / 2E[P]: the
+	// prompt a new one finds being prefilled, on average, when the prefill is busy. Long prompts weigh
+	// in it as they do in a queue: 20% of 2,000-token prompts among 200-token ones make it 743.
+	ResidualPromptTokens float64
 }
 
 // Since is what happened between a report and the choice.
@@ -93,7 +97,10 @@ type workload struct {
 	aloneFloor float64
 	prefill    float64 // measured prefill speed of the whole worker, tokens/s; 0 when never measured
 	prefillOK  bool    // prefill was measured from the worker's counters (by this report or an earlier one)
-	has        bool    // the report carries the counts the model needs
+	// prefillBusy is the fraction of the time between the last two reports that the worker's prefill
+	// was busy, from its counters; 0 when not measured.
+	prefillBusy float64
+	has         bool // the report carries the counts the model needs
 }
 
 func (w *workload) setDecode(throughput float64, batch int64) {
@@ -108,6 +115,10 @@ const (
 	referenceHalving = 32
 	decodeMemory     = 0.8
 )
+
+// maxPrefillBusy caps the prefill's busy fraction in the queueing term, so that a saturated worker's
+// wait is large but finite: its queued tokens price the rest.
+const maxPrefillBusy = 0.95
 
 // minPrefillBusy is the least prefill time between two polls that measures a speed: below it the
 // counters' rounding dominates.
@@ -169,6 +180,9 @@ func (r *Report) Follow(prev *Report) {
 			return // a restarted worker: its counters began again
 		}
 		tokens, busyUS = tokens+dt, busyUS+db
+	}
+	if elapsed := r.Received.Sub(prev.Received); elapsed > 0 {
+		r.work.prefillBusy = min(float64(busyUS)/1e6/elapsed.Seconds()/float64(len(r.Ranks)), 1)
 	}
 	if time.Duration(busyUS)*time.Microsecond < minPrefillBusy {
 		return
@@ -280,6 +294,11 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 	ahead := atLeast(float64(w.queued)+sentAhead-since.Elapsed.Seconds()/invSpeed, 0)
 	uncached := atLeast(prompt-float64(max(cached, 0)), 0)
 	prefill := (ahead + uncached*float64(max(w.ranks, 1))) * invSpeed
+	// Prompts arrive at random, so a prefill busy a fraction u of the time keeps a new prompt waiting
+	// u/(1-u) residual prompts (Pollaczek-Khinchine), even when the report saw no queue.
+	if u := min(w.prefillBusy, maxPrefillBusy); u > 0 {
+		prefill += u / (1 - u) * atLeast(p.ResidualPromptTokens, 0) * float64(max(w.ranks, 1)) * invSpeed
+	}
 
 	return wait + prefill + decode
 }

@@ -30,13 +30,15 @@ func TestCost(t *testing.T) {
 		return rk
 	}
 	tests := []struct {
-		name   string
-		ranks  []Rank
-		prev   []Rank // the previous report, for Follow; nil for none
-		req    Request
-		cached int64
-		since  Since
-		want   float64 // seconds, computed by hand in the comment
+		name     string
+		ranks    []Rank
+		prev     []Rank        // the previous report, for Follow; nil for none
+		gap      time.Duration // how long before this report the previous one came
+		residual float64       // CostParams.ResidualPromptTokens
+		req      Request
+		cached   int64
+		since    Since
+		want     float64 // seconds, computed by hand in the comment
 	}{
 		{
 			// Nothing measured: prefill 800/8000 = 0.1, decode 100/50 = 2.
@@ -104,6 +106,24 @@ func TestCost(t *testing.T) {
 			req:   Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.1,
 		},
 		{
+			// 4000 tokens in 0.5 s of prefill busy over the 1 s between the reports: 8000 tok/s, busy half
+			// the time, so a prompt waits 0.5/0.5 residual prompts of 800: 0.1 s; its own 400/8000 = 0.05.
+			name:  "busy prefill queues",
+			prev:  []Rank{withCounters(worker(2, 0, 0, 1000, 10000, 8, 100), 1000, 1_000_000)},
+			ranks: []Rank{withCounters(worker(0, 0, 0, 0, 10000, 8, 0), 5000, 1_500_000)},
+			gap:   time.Second, residual: 800,
+			req: Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.05 + 0.1,
+		},
+		{
+			// Busy the whole second at 4000 tok/s: the busy fraction counts as 0.95, a wait of 19 residual
+			// prompts of 800 at 4000 tok/s: 3.8 s; its own 400/4000 = 0.1.
+			name:  "saturated prefill, wait capped",
+			prev:  []Rank{withCounters(worker(2, 0, 0, 1000, 10000, 8, 100), 1000, 1_000_000)},
+			ranks: []Rank{withCounters(worker(0, 0, 0, 0, 10000, 8, 0), 5000, 2_000_000)},
+			gap:   time.Second, residual: 800,
+			req: Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.1 + 3.8,
+		},
+		{
 			// The previous report measured 400 tok/s at batch 2 (200 each, 203.125 alone at the reference
 			// halving of 32); this one reads 50 at batch 4 (a window that lagged the batch): the floor
 			// keeps 0.8 x 203.125 = 162.5 alone; batch 5 at halving 16; prefill 0.05.
@@ -122,12 +142,14 @@ func TestCost(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			rep := NewReport(time.Unix(0, 0), "", tt.ranks)
 			if tt.prev != nil {
-				rep.Follow(NewReport(time.Unix(0, 0), "", tt.prev))
+				rep.Follow(NewReport(time.Unix(0, 0).Add(-tt.gap), "", tt.prev))
 			}
 			if !rep.Priced() {
 				t.Fatal("report not priced")
 			}
-			got := rep.Cost(tt.req, tt.cached, &tt.since, &params)
+			p := params
+			p.ResidualPromptTokens = tt.residual
+			got := rep.Cost(tt.req, tt.cached, &tt.since, &p)
 			if math.Abs(got-tt.want) > 1e-9 {
 				t.Errorf("cost %.6f s, want %.6f s", got, tt.want)
 			}
