@@ -81,7 +81,8 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	st := p.readRequest(r)
 	c := &st.cands
-	*c = affinityCandidates{poolView: p.view(pool, x)}
+	*c = affinityCandidates{}
+	c.init(p, pool, x)
 	if x != nil {
 		c.known = x.workers
 	}
@@ -244,7 +245,8 @@ func (p *Policy) workerOf(dial string) affinity.Worker {
 
 // selectByCost is Select with the cost metric and no affinity.
 func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, x *poolIndex, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	v := p.view(pool, x)
+	var v poolView
+	v.init(p, pool, x)
 	v.size = loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
 	if st := p.readRequest(r); st != nil {
 		v.size = st.size

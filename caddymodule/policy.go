@@ -419,7 +419,8 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	case p.metric.Cost():
 		return p.selectByCost(pool, x, r, w)
 	}
-	v := p.view(pool, x)
+	var v poolView
+	v.init(p, pool, x)
 	idx, byLoad := loadpolicy.Choose(p.choice, p.metric, len(pool), v.signals, rand.IntN)
 	if byLoad {
 		metrics.selectedByLoad.Inc()

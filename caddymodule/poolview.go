@@ -23,13 +23,13 @@ type poolView struct {
 	params loadpolicy.CostParams
 }
 
-// view is the pool as Select sees it now; x is p.index if pool is the static one, else nil.
-func (p *Policy) view(pool reverseproxy.UpstreamPool, x *poolIndex) poolView {
-	v := poolView{p: p, pool: pool, eps: *p.endpoints.Load(), now: clock.Now()}
+// init makes v the pool as Select sees it now; x is p.index if pool is the static one, else nil. In
+// place: returning the view copied it twice, a sixth of a Select at 4 upstreams.
+func (v *poolView) init(p *Policy, pool reverseproxy.UpstreamPool, x *poolIndex) {
+	v.p, v.pool, v.eps, v.now = p, pool, *p.endpoints.Load(), clock.Now()
 	if x != nil {
 		v.byIndex, v.slots = x.eps, x.slots
 	}
-	return v
 }
 
 // endpoint is the endpoint of upstream i, nil if none is registered.
