@@ -237,7 +237,7 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 		v.Report = newReportView(rep)
 	}
 	c := loadpolicy.Candidate{Inflight: v.Inflight}
-	if ep.scored(&c, now, false); c.Signals != nil {
+	if scored(&c, ep.fresh(now), false); c.Signals != nil {
 		if sig, ok := c.Signals.Set.First(); ok {
 			v.Score = &scoreView{Signal: sig.String(), Value: c.Signals.Score(sig, c.Extra+1), RequestsSinceReport: c.Extra,
 				Signals: make(map[string]float64)}

@@ -78,11 +78,12 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 
 // selectByAffinity is Select with affinity on: each available upstream is priced by the cost model with
 // the request's tokens cached there taken off its prefill, within the balance bound.
-func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, byIndex []*endpoint, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	st := p.readRequest(r)
 	c := &st.cands
-	*c = affinityCandidates{poolView: p.view(pool, byIndex)}
-	if byIndex != nil {
+	*c = affinityCandidates{}
+	c.init(p, pool, x)
+	if x != nil {
 		c.known = x.workers
 	}
 	c.size, c.params = st.size, p.costParams()
@@ -131,7 +132,7 @@ func (c *affinityCandidates) look() {
 	for i := range n {
 		cand := &c.cands[i]
 		if cand.ep = c.endpoint(i); cand.ep != nil {
-			if cand.rep = cand.ep.fresh(c.now); cand.rep != nil && cand.rep.MaxRunning > 0 {
+			if cand.rep = c.report(i, cand.ep); cand.rep != nil && cand.rep.MaxRunning > 0 {
 				cand.cap = float64(cand.rep.MaxRunning)
 				sum += cand.cap
 				known++
@@ -154,7 +155,7 @@ func (c *affinityCandidates) fresh(i int, ep *endpoint) *loadpolicy.Report {
 	if i < len(c.cands) && c.cands[i].ep == ep {
 		return c.cands[i].rep
 	}
-	return ep.fresh(c.now)
+	return c.report(i, ep)
 }
 
 func (c *affinityCandidates) Len() int { return len(c.pool) }
@@ -243,8 +244,9 @@ func (p *Policy) workerOf(dial string) affinity.Worker {
 }
 
 // selectByCost is Select with the cost metric and no affinity.
-func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, byIndex []*endpoint, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	v := p.view(pool, byIndex)
+func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, x *poolIndex, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	var v poolView
+	v.init(p, pool, x)
 	v.size = loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
 	if st := p.readRequest(r); st != nil {
 		v.size = st.size

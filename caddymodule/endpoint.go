@@ -34,6 +34,71 @@ type sharedState struct {
 	// then describes a worker that is gone, and routing on it until it goes stale would send requests
 	// to a dead address. A worker that is only slow to answer keeps its report until stale_after.
 	unreachable atomic.Bool
+
+	// watchers are the static pools' slots that mirror this state for Select (reportSlot).
+	watchersMu sync.Mutex
+	watchers   []watcher
+}
+
+type watcher struct {
+	slot *reportSlot
+	ep   *endpoint // whose staleness the slot holds
+}
+
+// usable is the last report unless it cannot be routed on whatever its age: nil while unreachable,
+// before the first report, and when empty.
+func (s *sharedState) usable() *loadpolicy.Report {
+	if s.unreachable.Load() {
+		return nil
+	}
+	if snap := s.Load(); snap != nil && !snap.Report.Empty() {
+		return snap.Report
+	}
+	return nil
+}
+
+// watch keeps slot, a static pool's entry for ep, equal to ep's usable report and staleness until
+// unwatch.
+func (s *sharedState) watch(slot *reportSlot, ep *endpoint) {
+	s.watchersMu.Lock()
+	defer s.watchersMu.Unlock()
+	w := watcher{slot, ep}
+	s.watchers = append(s.watchers, w)
+	w.fill(s.usable())
+}
+
+func (s *sharedState) unwatch(slot *reportSlot) {
+	s.watchersMu.Lock()
+	defer s.watchersMu.Unlock()
+	s.watchers = slices.DeleteFunc(s.watchers, func(w watcher) bool { return w.slot == slot })
+}
+
+// refresh rewrites the slots after what endpoint.fresh reads changed: a published poll, the
+// unreachable flag, a staleness.
+func (s *sharedState) refresh() {
+	s.watchersMu.Lock()
+	defer s.watchersMu.Unlock()
+	rep := s.usable()
+	for _, w := range s.watchers {
+		w.fill(rep)
+	}
+}
+
+func (w watcher) fill(rep *loadpolicy.Report) {
+	w.slot.rep.Store(rep)
+	w.slot.staleAfter.Store(w.ep.staleness.Load())
+}
+
+// reportSlot is an upstream's entry in its static pool's index: what endpoint.fresh finds through the
+// endpoint, its state and its snapshot, kept where Select walks the pool in order.
+type reportSlot struct {
+	rep        atomic.Pointer[loadpolicy.Report] // sharedState.usable
+	staleAfter atomic.Int64                      // endpoint.staleness
+}
+
+// fresh is endpoint.fresh on the slot's copy.
+func (s *reportSlot) fresh(now time.Time) *loadpolicy.Report {
+	return monitor.FreshReport(s.rep.Load(), now, time.Duration(s.staleAfter.Load()))
 }
 
 func (*sharedState) Destruct() error { return nil }
@@ -155,20 +220,13 @@ func (ep *endpoint) priced(rep *loadpolicy.Report, c *loadpolicy.Candidate, now 
 
 // fresh returns the endpoint's report if it is usable at now, or nil if missing, empty or stale.
 func (ep *endpoint) fresh(now time.Time) *loadpolicy.Report {
-	if ep.state.unreachable.Load() {
-		return nil
-	}
-	rep := ep.state.Load().Fresh(now, time.Duration(ep.staleness.Load()))
-	if rep.Empty() {
-		return nil
-	}
-	return rep
+	return monitor.FreshReport(ep.state.usable(), now, time.Duration(ep.staleness.Load()))
 }
 
-// scored sets c's signals from the fresh report, and the requests started since it (none with
-// reportOnly: inflight_correction off); c.Inflight is the proxy's in-flight count to the worker.
-func (ep *endpoint) scored(c *loadpolicy.Candidate, now time.Time, reportOnly bool) {
-	rep := ep.fresh(now)
+// scored sets c's signals from rep, the worker's fresh report (nil if none), and the requests started
+// since it (none with reportOnly: inflight_correction off); c.Inflight is the proxy's in-flight count
+// to the worker.
+func scored(c *loadpolicy.Candidate, rep *loadpolicy.Report, reportOnly bool) {
 	if rep == nil {
 		return
 	}
@@ -280,11 +338,12 @@ func (a *App) register(spec endpointSpec, dial string) (*endpoint, error) {
 	ep.setInterval(a, spec.interval)
 	stamped := stampingFetcher{Fetcher: fetcher, ep: ep, fleet: &a.fleetSpeed}
 	err = a.monitor.Add(monitor.Target{
-		Key:      key,
-		Fetcher:  stamped,
-		Interval: spec.interval,
-		Timeout:  a.timeoutFor(spec.interval),
-		State:    &ep.state.State,
+		Key:       key,
+		Fetcher:   stamped,
+		Interval:  spec.interval,
+		Timeout:   a.timeoutFor(spec.interval),
+		State:     &ep.state.State,
+		Published: ep.state.refresh,
 	})
 	if err != nil {
 		_ = stamped.Close()
@@ -300,6 +359,7 @@ func (a *App) register(spec endpointSpec, dial string) (*endpoint, error) {
 func (ep *endpoint) setInterval(a *App, d time.Duration) {
 	ep.interval.Store(int64(d))
 	ep.staleness.Store(int64(a.staleAfterFor(d)))
+	ep.state.refresh()
 }
 
 // unregister drops the reference register took for dial; the last one stops polling the endpoint.

@@ -37,7 +37,7 @@ func ProvisionWithReports(p *Policy, pool reverseproxy.UpstreamPool, report func
 		ep.interval.Store(int64(DefaultInterval))
 		ep.staleness.Store(int64(time.Hour))
 		err := m.Add(monitor.Target{Key: ep.key, Fetcher: fixedFetcher{report(i)}, Interval: time.Hour,
-			Timeout: time.Second, State: &ep.state.State})
+			Timeout: time.Second, State: &ep.state.State, Published: ep.state.refresh})
 		if err != nil {
 			return err
 		}

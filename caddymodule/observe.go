@@ -242,7 +242,9 @@ func (a *App) observePoll(key string, prev, next *monitor.Snapshot, took time.Du
 		return // unregistered while the poll ran: its series may be gone, and counting would bring them back
 	}
 	ep.series.count(result, took)
-	ep.state.unreachable.Store(result == resultUnavailable)
+	if unreachable := result == resultUnavailable; ep.state.unreachable.Swap(unreachable) != unreachable {
+		ep.state.refresh()
+	}
 	staleAfter := time.Duration(ep.staleness.Load())
 	from, to := healthAt(prev, staleAfter), healthAt(next, staleAfter)
 	if from == to {

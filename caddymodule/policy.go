@@ -414,20 +414,20 @@ func (p *Policy) register(dial string, late bool) (*endpoint, error) {
 
 // Select picks an available upstream by load; see Policy.
 func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	x := p.index.Load()
-	byIndex := x.of(pool)
-	if byIndex == nil {
+	x := p.index.Load().of(pool)
+	if x == nil {
 		p.markPool(pool, clock.Now()) // a dynamic pool: register new addresses, mark known ones seen
 	} else {
 		x.noteHosts()
 	}
 	switch {
 	case p.affinityIndex != nil:
-		return p.selectByAffinity(pool, x, byIndex, r, w)
+		return p.selectByAffinity(pool, x, r, w)
 	case p.metric.Cost():
-		return p.selectByCost(pool, byIndex, r, w)
+		return p.selectByCost(pool, x, r, w)
 	}
-	v := p.view(pool, byIndex)
+	var v poolView
+	v.init(p, pool, x)
 	idx, byLoad := loadpolicy.Choose(p.choice, p.metric, len(pool), v.signals, rand.IntN)
 	if byLoad {
 		metrics.selectedByLoad.Inc()
@@ -544,7 +544,9 @@ func (p *Policy) Cleanup() error {
 	p.mu.Lock()
 	eps := p.endpoints.Load()
 	p.endpoints.Store(&map[string]*endpoint{})
-	p.index.Store(nil)
+	if x := p.index.Swap(nil); x != nil {
+		x.release()
+	}
 	clear(p.late)
 	p.mu.Unlock()
 	if eps != nil {

@@ -14,6 +14,9 @@ import (
 type poolIndex struct {
 	pool reverseproxy.UpstreamPool
 	eps  []*endpoint // nil where the upstream has no endpoint (a placeholder address)
+	// slots mirror each eps[i]'s report and staleness, so that Select reads one array in order
+	// instead of three pointers per upstream; watched from newPoolIndex to release.
+	slots []reportSlot
 	// workers are the upstreams' affinity workers, made on first use (affinityCandidates.workerOf).
 	workers []atomic.Pointer[affinity.Worker]
 	// hostsNoted is set once each endpoint knows its upstream's Host, which the proxy provisions after
@@ -22,19 +25,31 @@ type poolIndex struct {
 }
 
 func newPoolIndex(pool reverseproxy.UpstreamPool, byDial map[string]*endpoint) *poolIndex {
-	x := &poolIndex{pool: pool, eps: make([]*endpoint, len(pool)), workers: make([]atomic.Pointer[affinity.Worker], len(pool))}
+	x := &poolIndex{pool: pool, eps: make([]*endpoint, len(pool)), slots: make([]reportSlot, len(pool)),
+		workers: make([]atomic.Pointer[affinity.Worker], len(pool))}
 	for i, u := range pool {
-		x.eps[i] = byDial[u.Dial]
+		if x.eps[i] = byDial[u.Dial]; x.eps[i] != nil {
+			x.eps[i].state.watch(&x.slots[i], x.eps[i])
+		}
 	}
 	return x
 }
 
-// of returns the endpoints by position when pool is the indexed slice itself, else nil.
-func (x *poolIndex) of(pool reverseproxy.UpstreamPool) []*endpoint {
+// release stops the slots' updates, once the index is no longer used.
+func (x *poolIndex) release() {
+	for i, ep := range x.eps {
+		if ep != nil {
+			ep.state.unwatch(&x.slots[i])
+		}
+	}
+}
+
+// of returns x when pool is the indexed slice itself, else nil.
+func (x *poolIndex) of(pool reverseproxy.UpstreamPool) *poolIndex {
 	if x == nil || len(pool) == 0 || len(pool) != len(x.pool) || &pool[0] != &x.pool[0] {
 		return nil
 	}
-	return x.eps
+	return x
 }
 
 // noteHosts tells each endpoint its upstream's Host, once: Select then need not on every request.

@@ -6,6 +6,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
+	"github.com/caddy-sglang/caddy-sglang/monitor"
 )
 
 // poolView is a pool as one Select sees it: each upstream's endpoint, found by position in the static
@@ -14,16 +15,21 @@ type poolView struct {
 	p       *Policy
 	pool    reverseproxy.UpstreamPool
 	eps     map[string]*endpoint
-	byIndex []*endpoint // by position, for the static pool; else nil
+	byIndex []*endpoint  // by position, for the static pool; else nil
+	slots   []reportSlot // byIndex's reports
 	now     time.Time
 	// size and params price the request, with the cost metric.
 	size   loadpolicy.Request
 	params loadpolicy.CostParams
 }
 
-// view is the pool as Select sees it now; byIndex is p.index's endpoints of pool, if it is the static one.
-func (p *Policy) view(pool reverseproxy.UpstreamPool, byIndex []*endpoint) poolView {
-	return poolView{p: p, pool: pool, eps: *p.endpoints.Load(), byIndex: byIndex, now: clock.Now()}
+// init makes v the pool as Select sees it now; x is p.index if pool is the static one, else nil. In
+// place: returning the view copied it twice, a sixth of a Select at 4 upstreams.
+func (v *poolView) init(p *Policy, pool reverseproxy.UpstreamPool, x *poolIndex) {
+	v.p, v.pool, v.eps, v.now = p, pool, *p.endpoints.Load(), clock.Now()
+	if x != nil {
+		v.byIndex, v.slots = x.eps, x.slots
+	}
 }
 
 // endpoint is the endpoint of upstream i, nil if none is registered.
@@ -60,14 +66,31 @@ func (v *poolView) dynamic(u *reverseproxy.Upstream) *endpoint {
 	return ep
 }
 
+// report is ep's fresh report, ep being upstream i's endpoint: from the static pool's slot if it
+// holds ep.
+func (v *poolView) report(i int, ep *endpoint) *loadpolicy.Report {
+	if v.byIndex != nil && v.byIndex[i] == ep {
+		return v.slots[i].fresh(v.now)
+	}
+	return ep.fresh(v.now)
+}
+
 // signals is upstream i for the signal metrics, and whether it is available (loadpolicy.Choose's at).
 func (v *poolView) signals(i int) (loadpolicy.Candidate, bool) {
-	ep, inflight, ok := v.upstream(i)
-	c := loadpolicy.Candidate{Inflight: inflight}
-	if ep != nil {
-		ep.scored(&c, v.now, v.p.noExtra)
+	u := v.pool[i]
+	if !u.Available() {
+		return loadpolicy.Candidate{}, false
 	}
-	return c, ok
+	c := loadpolicy.Candidate{Inflight: int64(u.NumRequests())}
+	var rep *loadpolicy.Report
+	if v.byIndex != nil && v.byIndex[i] != nil { // upstream and report in one call: a pass calls this per upstream
+		s := &v.slots[i] // reportSlot.fresh, spelt out: too large to inline
+		rep = monitor.FreshReport(s.rep.Load(), v.now, time.Duration(s.staleAfter.Load()))
+	} else if ep := v.dynamic(u); ep != nil {
+		rep = ep.fresh(v.now)
+	}
+	scored(&c, rep, v.p.noExtra)
+	return c, true
 }
 
 // priced is upstream i with the cost model's price of the request, and whether it is available
@@ -76,7 +99,7 @@ func (v *poolView) priced(i int) (loadpolicy.Candidate, bool) {
 	ep, inflight, ok := v.upstream(i)
 	c := loadpolicy.Candidate{Inflight: inflight}
 	if ep != nil {
-		ep.priced(ep.fresh(v.now), &c, v.now, v.size, 0, &v.params, v.p.noExtra)
+		ep.priced(v.report(i, ep), &c, v.now, v.size, 0, &v.params, v.p.noExtra)
 	}
 	return c, ok
 }

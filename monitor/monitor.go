@@ -29,6 +29,8 @@ type Target struct {
 	Interval time.Duration // time between polls; must be > 0
 	Timeout  time.Duration // deadline of each poll; must be > 0
 	State    *State        // where results go; may be shared with other monitors (config reloads)
+	// Published, when set, is called after each result is published to State, before OnResult.
+	Published func()
 }
 
 // Options tune a Monitor. The zero value is usable.
@@ -270,6 +272,9 @@ func (m *Monitor) poll(ctx context.Context, t Target) int {
 		err = &TimeoutError{Timeout: t.Timeout, Err: err}
 	}
 	prev, next := t.State.publish(report, err, time.Now())
+	if t.Published != nil {
+		t.Published()
+	}
 	if m.opts.OnResult != nil {
 		m.opts.OnResult(t.Key, prev, next, took)
 	}

@@ -25,10 +25,19 @@ type Snapshot struct {
 
 // Fresh returns the report if there is one younger than staleAfter at now, or nil.
 func (s *Snapshot) Fresh(now time.Time, staleAfter time.Duration) *loadpolicy.Report {
-	if s == nil || s.Report == nil || now.Sub(s.Report.Received) > staleAfter {
+	if s == nil {
 		return nil
 	}
-	return s.Report
+	return FreshReport(s.Report, now, staleAfter)
+}
+
+// FreshReport returns r if it is younger than staleAfter at now, else nil: Fresh's rule, for a caller
+// that keeps a snapshot's report without the snapshot.
+func FreshReport(r *loadpolicy.Report, now time.Time, staleAfter time.Duration) *loadpolicy.Report {
+	if r == nil || now.Sub(r.Received) > staleAfter {
+		return nil
+	}
+	return r
 }
 
 // State holds an endpoint's latest snapshot. Readers are lock-free; it may be shared by several
