@@ -52,18 +52,23 @@ func compareInt(a, b int64) int {
 }
 
 // compareFloat treats values within a relative 1e-9 as equal, so rounding noise does not decide.
+// It decides without branches but for the common tie: which of two random candidates wins is a coin
+// toss that a branch predictor loses.
 func compareFloat(a, b float64) int {
 	if a == b {
 		return 0 // the common tie: equal loads, as two idle workers have
 	}
 	d, tol := a-b, 1e-9*max(math.Abs(a), math.Abs(b))
-	switch {
-	case d < -tol:
-		return -1
-	case d > tol:
-		return 1
+	return isTrue(d > tol) - isTrue(d < -tol)
+}
+
+// isTrue is 1 for true and 0 for false; the compiler makes it a flag move, not a branch.
+func isTrue(b bool) int {
+	var i int
+	if b {
+		i = 1
 	}
-	return 0
+	return i
 }
 
 // Choice says how a chooser should pick among candidates.
@@ -343,11 +348,8 @@ func better(metric Metric, pick [2]int, a, b *Candidate, intn func(int) int) int
 	if a.Signals != nil && b.Signals != nil {
 		set = metric.Common(metric.Common(set, a.Signals), b.Signals)
 	}
-	switch c := Compare(a, b, set); {
-	case c < 0:
-		return pick[0]
-	case c > 0:
-		return pick[1]
+	if c := Compare(a, b, set); c != 0 {
+		return pick[isTrue(c > 0)]
 	}
 	return pick[intn(2)]
 }
