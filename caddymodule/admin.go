@@ -236,8 +236,9 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 		v.ReportAgeSeconds = &age
 		v.Report = newReportView(rep)
 	}
+	fresh := ep.fresh(now) // once: the score, the price and the speed describe the same report
 	c := loadpolicy.Candidate{Inflight: v.Inflight}
-	if scored(&c, ep.fresh(now), false); c.Signals != nil {
+	if scored(&c, fresh, false); c.Signals != nil {
 		if sig, ok := c.Signals.Set.First(); ok {
 			v.Score = &scoreView{Signal: sig.String(), Value: c.Signals.Score(sig, c.Extra+1), RequestsSinceReport: c.Extra,
 				Signals: make(map[string]float64)}
@@ -248,10 +249,10 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 			}
 			params := defaultCostParams()
 			pc := loadpolicy.Candidate{Inflight: v.Inflight}
-			if ep.priced(ep.fresh(now), &pc, now, referenceRequest, 0, &params, false); pc.Priced() {
+			if ep.priced(fresh, &pc, now, referenceRequest, 0, &params, false); pc.Priced() {
 				v.Score.CostSeconds = &pc.Cost
 			}
-			if speed, ok := ep.fresh(now).PrefillTokensPerSec(); ok {
+			if speed, ok := fresh.PrefillTokensPerSec(); ok {
 				v.Score.PrefillTokensPerSec = &speed
 			}
 		}
