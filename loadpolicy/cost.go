@@ -292,13 +292,14 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 		sentAhead = float64(max(since.SentUncached, 0)) * float64(newLeft) / float64(sent)
 	}
 	ahead := atLeast(float64(w.queued)+sentAhead-since.Elapsed.Seconds()/invSpeed, 0)
-	uncached := atLeast(prompt-float64(max(cached, 0)), 0)
-	prefill := (ahead + uncached*float64(max(w.ranks, 1))) * invSpeed
-	// Prompts arrive at random, so a prefill busy a fraction u of the time keeps a new prompt waiting
-	// u/(1-u) residual prompts (Pollaczek-Khinchine), even when the report saw no queue.
+	// On its rank the prompt prefills its uncached tokens, after the residual prompts it queues behind:
+	// prompts arrive at random, so a prefill busy a fraction u of the time keeps a new one waiting
+	// u/(1-u) of them (Pollaczek-Khinchine), even when the report saw no queue.
+	onRank := atLeast(prompt-float64(max(cached, 0)), 0)
 	if u := min(w.prefillBusy, maxPrefillBusy); u > 0 {
-		prefill += u / (1 - u) * atLeast(p.ResidualPromptTokens, 0) * float64(max(w.ranks, 1)) * invSpeed
+		onRank += u / (1 - u) * atLeast(p.ResidualPromptTokens, 0)
 	}
+	prefill := (ahead + onRank*float64(max(w.ranks, 1))) * invSpeed
 
 	return wait + prefill + decode
 }
