@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -16,6 +17,7 @@ type fleet struct {
 	down     []bool
 	prompt   int64
 	prefill  float64 // tokens per second
+	priced   []int   // the candidates Cost was asked for, in order, when not nil
 }
 
 func newFleet(x *Index, n int) *fleet {
@@ -32,6 +34,9 @@ func (f *fleet) Load(i int) float64  { return f.inflight[i] }
 func (f *fleet) Weight(int) float64  { return 1 }
 func (f *fleet) Alone(int) float64   { return float64(f.prompt) / f.prefill }
 func (f *fleet) Cost(i int, cached int64) (float64, bool) {
+	if f.priced != nil {
+		f.priced = append(f.priced, i)
+	}
 	if f.down[i] {
 		return 0, false
 	}
@@ -69,6 +74,76 @@ func TestChooseFollowsTheHolder(t *testing.T) {
 	long.PromptTokens = 4096
 	if got := x.Choose(long, f, 0); got.Outcome != New || got.CachedTokens != 0 {
 		t.Fatalf("a prefix known 2 blocks deep: %+v, want new", got)
+	}
+}
+
+func TestChooseNewKeyNearTieGoesHome(t *testing.T) {
+	x := NewIndex(0)
+	f := newFleet(x, 4)
+	key := prefixKey(4, 64) // 4096 tokens, 0.5 s of prefill; the home is credited 256 of them
+	home := x.Choose(key, f, 0).Index
+	other := (home + 1) % len(f.workers)
+	for i := range f.queue {
+		f.queue[i] = 5
+	}
+	f.queue[other] = 0 // costs 0.5 s
+	for _, tc := range []struct {
+		homeQueue float64
+		want      int
+	}{
+		{0.15, home},  // 0.15 + 3840/8192 = 0.619 s <= 1.25 × 0.5
+		{0.17, other}, // 0.639 s
+	} {
+		f.queue[home] = tc.homeQueue
+		if got := x.Choose(key, f, 0); got.Index != tc.want || got.Outcome != New {
+			t.Errorf("home %d queued %.2f s, %d idle: %+v, want %d, new", home, tc.homeQueue, other, got, tc.want)
+		}
+	}
+}
+
+func TestChooseFollowsACopyAwayFromHome(t *testing.T) {
+	x := NewIndex(0)
+	f := newFleet(x, 4)
+	key := prefixKey(3, 32)
+	home := x.Choose(key, f, 0).Index // on an idle fleet a new key goes to its home
+	f.queue[home] = 1                 // busy: the key's first request goes elsewhere
+	first := x.Choose(key, f, 0)
+	if first.Index == home || first.Index < 0 || first.Outcome != New {
+		t.Fatalf("new key, busy home %d: %+v, want another worker, new", home, first)
+	}
+	x.Record(key.Blocks, f.workers[first.Index])
+	f.queue[home] = 0
+	if got := x.Choose(key, f, 0); got.Index != first.Index || got.Outcome != Followed || got.CachedTokens != 32*BlockTokens {
+		t.Fatalf("home %d idle again, copy on %d: %+v, want the copy followed with 32 blocks cached", home, first.Index, got)
+	}
+	// Once the home holds as deep a copy, the home is credited again.
+	x.Record(key.Blocks, f.workers[home])
+	if got := x.Choose(key, f, 0); got.Index != home || got.Outcome != Followed || got.CachedTokens != 32*BlockTokens {
+		t.Fatalf("copies on home %d and %d: %+v, want the home followed", home, first.Index, got)
+	}
+}
+
+func TestChooseLargeFleetPricesTheKeysOrder(t *testing.T) {
+	x := NewIndex(0)
+	f := newFleet(x, 64)
+	f.priced = make([]int, 0, 64)
+	rng := rand.New(rand.NewPCG(3, 4))
+	chosen := map[int]int{}
+	for r := range 3000 {
+		for i := range f.queue {
+			f.queue[i], f.inflight[i] = rng.Float64()*0.1, float64(rng.IntN(6))
+		}
+		key := prefixKey(uint64(rng.IntN(1000)), 1+rng.IntN(24))
+		f.priced = f.priced[:0]
+		got := x.Choose(key, f, 0)
+		if len(f.priced) > MaxPriced+1 || !slices.Contains(f.priced, got.Index) {
+			t.Fatalf("request %d: chose %d after pricing %v; want at most %d priced, the choice among them", r, got.Index, f.priced, MaxPriced+1)
+		}
+		chosen[got.Index]++
+		x.Record(key.Blocks, f.workers[got.Index])
+	}
+	if len(chosen) != len(f.workers) {
+		t.Fatalf("%d of %d workers chosen over 1000 keys: %v", len(chosen), len(f.workers), chosen)
 	}
 }
 

@@ -87,9 +87,13 @@ func (*rewindBody) Close() error { return nil }
 
 // BenchmarkSelectReadingBody is Select with a 16 KiB chat body that the policy reads: the cost metric
 // alone (read_body), and with affinity prefix. Each body is then read to its end in one Read, as a
-// transport sends it, which hands the head's buffer back for reuse.
+// transport sends it, which hands the head's buffer back for reuse. Two bodies: escapes, dense as in
+// code or quoted text (3 in 51 bytes), and prose (a newline in 81 bytes).
 func BenchmarkSelectReadingBody(b *testing.B) {
-	body := chatBody(16 << 10)
+	bodies := []struct {
+		name string
+		body []byte
+	}{{"escapes", chatBody(16 << 10)}, {"prose", proseChatBody(16 << 10)}}
 	for _, n := range []int{4, 64} {
 		pool := benchPool(n)
 		for _, v := range []struct{ name, affinity string }{{"cost", ""}, {"affinity_prefix", "prefix"}} {
@@ -97,22 +101,35 @@ func BenchmarkSelectReadingBody(b *testing.B) {
 			if err := caddymodule.ProvisionWithReports(p, pool, benchReport); err != nil {
 				b.Fatal(err)
 			}
-			b.Run(fmt.Sprintf("n=%d/%s", n, v.name), func(b *testing.B) {
-				rb := new(rewindBody)
-				sent := make([]byte, 64<<10)
-				req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
-				b.ReportAllocs()
-				for b.Loop() {
-					rb.Reset(body)
-					req.Body, req.ContentLength = rb, int64(len(body))
-					if p.Select(pool, req, nil) == nil {
-						b.Fatal("no upstream selected")
+			for _, body := range bodies {
+				b.Run(fmt.Sprintf("n=%d/%s/body=%s", n, v.name, body.name), func(b *testing.B) {
+					rb := new(rewindBody)
+					sent := make([]byte, 64<<10)
+					req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+					b.ReportAllocs()
+					for b.Loop() {
+						rb.Reset(body.body)
+						req.Body, req.ContentLength = rb, int64(len(body.body))
+						if p.Select(pool, req, nil) == nil {
+							b.Fatal("no upstream selected")
+						}
+						if n, err := req.Body.Read(sent); n != len(body.body) && err == nil {
+							b.Fatalf("read %d of %d bytes", n, len(body.body))
+						}
 					}
-					if n, err := req.Body.Read(sent); n != len(body) && err == nil {
-						b.Fatalf("read %d of %d bytes", n, len(body))
-					}
-				}
-			})
+				})
+			}
 		}
 	}
+}
+
+// proseChatBody is a chat request of about size bytes of prose: a newline is its only escape.
+func proseChatBody(size int) []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"model":"m","messages":[{"role":"system","content":"`)
+	for b.Len() < size-64 {
+		b.WriteString(`You are a careful assistant who answers briefly, cites sources and avoids jargon.\n`)
+	}
+	b.WriteString(`"}],"max_tokens":77,"stream":false}`)
+	return b.Bytes()
 }
