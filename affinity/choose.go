@@ -1,9 +1,6 @@
 package affinity
 
-import (
-	"math"
-	"slices"
-)
+import "math"
 
 // DefaultBalanceFactor bounds how far above the mean load affinity may take a worker, as HAProxy's
 // hash-balance-factor does: 1.25 lets a worker carry 25% more than the fleet's mean.
@@ -21,15 +18,10 @@ const BalanceSlack = 8
 const RendezvousBlocks = 4
 
 // MaxPriced is how many candidates Choose prices for a key in a larger fleet: the first MaxPriced in
-// the key's rendezvous order within the bound, and the one that holds the key. Pricing is most of
-// Choose's time in a large fleet, and a key that spills goes down its own order, so its copies gather
-// on few workers; a key's order is a random sample of the fleet, as in the power of d choices.
+// the key's rendezvous order within the bound, the home first. Pricing is most of Choose's time in a
+// large fleet, and a key that spills goes down its own order, so its copies gather on few workers; a
+// key's order is a random sample of the fleet, as in the power of d choices.
 const MaxPriced = 8
-
-// NearTie is how much more than the least cost a new key's first worker in rendezvous order may cost
-// and still take it: the seconds a key's next requests save where its first one went are worth more
-// than that difference.
-const NearTie = 1.25
 
 // Key is what a request is routed by.
 type Key struct {
@@ -102,13 +94,11 @@ type Choice struct {
 //
 // A key known to be shared goes to its home unless load says otherwise. The home is the first worker
 // within the bound in the weighted rendezvous order of the key's first RendezvousBlocks blocks (a
-// worker's share of keys in proportion to its Weight, so each cache holds what fits there). One worker
-// is credited with the known depth: the home, unless this index saw the deepest copy go to another
-// worker within the bound and not to the home (a key's first request goes where it costs the least
-// seconds, often not its home), which is then credited instead. Crediting every worker the index
-// names would keep a prefix that went elsewhere once on two workers, and the fastest would collect
-// copies of all of them. Caddy instances that share nothing agree on the home, from the key, the
-// candidates' names, weights and loads. Candidates are compared by stretch, Cost over Alone: a slow home that is not loaded keeps its
+// worker's share of keys in proportion to its Weight, so each cache holds what fits there). It alone
+// is credited with the known depth: crediting every worker the index names would keep a prefix that
+// went elsewhere once on two workers, and the fastest would collect copies of all of them. Caddy
+// instances that share nothing agree on the home, from the key, the candidates' names, weights and
+// loads. Candidates are compared by stretch, Cost over Alone: a slow home that is not loaded keeps its
 // keys (in seconds the fastest worker would win them all and its cache could not hold them), and a
 // cache hit on a busy worker loses to a miss on an idle one. Ties go to the rendezvous order.
 //
@@ -117,7 +107,7 @@ type Choice struct {
 // hash-balance-factor does, or within the mean plus BalanceSlack, whichever is more. A hot prefix
 // spills to the next worker in rendezvous order instead of pinning one. Candidates whose Worker has
 // ID 0 are skipped; the load mean is over the others. Past MaxPriced candidates, only the key's first
-// MaxPriced within the bound and the credited one are priced. It allocates nothing.
+// MaxPriced within the bound are priced. It allocates nothing.
 func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	n := c.Len()
 	if len(key.Blocks) == 0 || key.BlockTokens <= 0 {
@@ -143,7 +133,7 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	// order is the first MaxPriced candidates within the bound in the key's rendezvous order; the
 	// home is the first.
 	rkey := key.Blocks[min(len(key.Blocks), RendezvousBlocks)-1]
-	var order [MaxPriced + 1]int
+	var order [MaxPriced]int
 	var scores [MaxPriced]float64
 	k := 0
 	for i := range n {
@@ -168,43 +158,24 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		home = order[0]
 	}
 
-	depth, holder := x.known(key.Blocks)
-	cached := key.tokens(depth)
+	cached := int64(x.known(key.Blocks)) * key.BlockTokens
+	if key.PromptTokens > 0 {
+		cached = min(cached, key.PromptTokens)
+	}
 	shared := cached > 0 && 2*cached >= key.PromptTokens
-	// holding is the candidate credited with the known depth: the home, unless this index saw the
-	// key's deepest copy go to another candidate within the bound and not to the home (a key's first
-	// request goes where it costs the least seconds, which is often not its home); the home keeps
-	// what it holds.
-	holding, homeCached := home, int64(0)
 	if !shared {
 		// A new key leans on its home by the blocks the order is drawn from, so that a near tie
 		// goes where the key's next requests will.
-		cached = min(key.tokens(RendezvousBlocks), max(key.PromptTokens, 0))
-	} else if home >= 0 && holder != c.Worker(home).ID {
-		if held := x.depth(key.Blocks, c.Worker(home).ID); held < depth {
-			for i := range n {
-				if c.Worker(i).ID == holder && within(i) {
-					holding, homeCached = i, key.tokens(held)
-					break
-				}
-			}
-		}
+		cached = min(int64(RendezvousBlocks)*key.BlockTokens, max(key.PromptTokens, 0))
 	}
 
-	// A small fleet is priced whole; a larger one in the key's order, and the holder.
+	// A small fleet is priced whole; a larger one in the key's order.
 	priced := n
 	if n > MaxPriced {
 		priced = k
-		if holding >= 0 && !slices.Contains(order[:k], holding) {
-			order[k] = holding
-			priced++
-		}
 	}
 	best := Choice{Index: -1}
 	bestScore, bestHash := math.Inf(1), uint64(0)
-	var seen [MaxPriced + 1]int // the candidates priced, for a new key's near ties
-	var seenScore [MaxPriced + 1]float64
-	m := 0
 	for j := range priced {
 		i := j
 		if n > MaxPriced {
@@ -215,18 +186,13 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 			continue
 		}
 		credit := int64(0)
-		switch i {
-		case holding:
+		if i == home {
 			credit = cached
-		case home:
-			credit = homeCached
 		}
 		score, ok := c.Cost(i, credit)
 		if !ok {
 			continue
 		}
-		seen[m], seenScore[m] = i, score
-		m++
 		if shared {
 			if alone := c.Alone(i); alone > 0 && !math.IsInf(alone, 0) {
 				score /= alone // stretch
@@ -242,17 +208,6 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	switch {
 	case best.Index < 0:
 	case !shared:
-		// A near tie goes to the first in the key's order, where its next requests will go: so do
-		// other Caddy instances, from the same reports.
-	near:
-		for _, o := range order[:k] {
-			for j := range m {
-				if seen[j] == o && seenScore[j] <= bestScore*NearTie {
-					best.Index = o
-					break near
-				}
-			}
-		}
 		best.Outcome, best.CachedTokens = New, 0
 	case best.CachedTokens > 0:
 		best.Outcome = Followed
@@ -260,15 +215,6 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		best.Outcome = Yielded
 	}
 	return best
-}
-
-// tokens is the prompt tokens that blocks leading blocks of the key stand for, at most its prompt.
-func (k Key) tokens(blocks int) int64 {
-	t := int64(blocks) * k.BlockTokens
-	if k.PromptTokens > 0 {
-		t = min(t, k.PromptTokens)
-	}
-	return t
 }
 
 // leastCost is the choice on cost alone.

@@ -77,52 +77,6 @@ func TestChooseFollowsTheHolder(t *testing.T) {
 	}
 }
 
-func TestChooseNewKeyNearTieGoesHome(t *testing.T) {
-	x := NewIndex(0)
-	f := newFleet(x, 4)
-	key := prefixKey(4, 64) // 4096 tokens, 0.5 s of prefill; the home is credited 256 of them
-	home := x.Choose(key, f, 0).Index
-	other := (home + 1) % len(f.workers)
-	for i := range f.queue {
-		f.queue[i] = 5
-	}
-	f.queue[other] = 0 // costs 0.5 s
-	for _, tc := range []struct {
-		homeQueue float64
-		want      int
-	}{
-		{0.15, home},  // 0.15 + 3840/8192 = 0.619 s <= 1.25 × 0.5
-		{0.17, other}, // 0.639 s
-	} {
-		f.queue[home] = tc.homeQueue
-		if got := x.Choose(key, f, 0); got.Index != tc.want || got.Outcome != New {
-			t.Errorf("home %d queued %.2f s, %d idle: %+v, want %d, new", home, tc.homeQueue, other, got, tc.want)
-		}
-	}
-}
-
-func TestChooseFollowsACopyAwayFromHome(t *testing.T) {
-	x := NewIndex(0)
-	f := newFleet(x, 4)
-	key := prefixKey(3, 32)
-	home := x.Choose(key, f, 0).Index // on an idle fleet a new key goes to its home
-	f.queue[home] = 1                 // busy: the key's first request goes elsewhere
-	first := x.Choose(key, f, 0)
-	if first.Index == home || first.Index < 0 || first.Outcome != New {
-		t.Fatalf("new key, busy home %d: %+v, want another worker, new", home, first)
-	}
-	x.Record(key.Blocks, f.workers[first.Index])
-	f.queue[home] = 0
-	if got := x.Choose(key, f, 0); got.Index != first.Index || got.Outcome != Followed || got.CachedTokens != 32*BlockTokens {
-		t.Fatalf("home %d idle again, copy on %d: %+v, want the copy followed with 32 blocks cached", home, first.Index, got)
-	}
-	// Once the home holds as deep a copy, the home is credited again.
-	x.Record(key.Blocks, f.workers[home])
-	if got := x.Choose(key, f, 0); got.Index != home || got.Outcome != Followed || got.CachedTokens != 32*BlockTokens {
-		t.Fatalf("copies on home %d and %d: %+v, want the home followed", home, first.Index, got)
-	}
-}
-
 func TestChooseLargeFleetPricesTheKeysOrder(t *testing.T) {
 	x := NewIndex(0)
 	f := newFleet(x, 64)
