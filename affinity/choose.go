@@ -130,8 +130,8 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	bound := math.Ceil(max(factor*mean, mean+BalanceSlack))
 	within := func(i int) bool { return c.Load(i)+1 <= bound }
 
-	// order is the first MaxPriced candidates within the bound in the key's rendezvous order; the
-	// home is the first.
+	// order is the first MaxPriced candidates within the bound in the key's weighted rendezvous order
+	// (see uniform); the home is the first.
 	rkey := key.Blocks[min(len(key.Blocks), RendezvousBlocks)-1]
 	var order [MaxPriced]int
 	var scores [MaxPriced]float64
@@ -141,7 +141,11 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		if w.ID == 0 || !within(i) {
 			continue
 		}
-		s := weightedRendezvous(rkey, w.Hash, c.Weight(i))
+		u, weight := uniform(rkey, w.Hash), positive(c.Weight(i))
+		if k == MaxPriced && weight/(1-u) <= scores[k-1] {
+			continue // its score is at most that bound (-ln u >= 1-u): no logarithm to take
+		}
+		s := weight / -math.Log(u)
 		if k < MaxPriced {
 			k++
 		} else if s <= scores[k-1] {
@@ -234,12 +238,12 @@ func leastCost(c Candidates, n int) Choice {
 // rendezvous is the weight of a worker for a key in highest-random-weight hashing.
 func rendezvous(key, worker uint64) uint64 { return mix(key, worker) }
 
-// weightedRendezvous is rendezvous for workers of different weights: the highest score wins each key
-// with probability weight over the sum of the weights (the logarithmic method of Schindelhauer and
-// Schomaker). A weight that is not positive counts as 1.
-func weightedRendezvous(key, worker uint64, weight float64) float64 {
-	u := (float64(rendezvous(key, worker)>>11) + 0.5) / (1 << 53) // uniform in (0, 1)
-	return -positive(weight) / math.Log(u)
+// uniform is the rendezvous weight of a worker for a key as a number uniform in (0, 1). For workers
+// of different weights, the highest weight / -ln(uniform) wins each key with probability weight over
+// the sum of the weights (the logarithmic method of Schindelhauer and Schomaker); a weight that is not
+// positive counts as 1.
+func uniform(key, worker uint64) float64 {
+	return (float64(rendezvous(key, worker)>>11) + 0.5) / (1 << 53)
 }
 
 // positive is a weight, 1 where it is not positive.

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"math/rand/v2"
 	"net/http"
+	"sync"
 	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -26,7 +27,6 @@ type requestState struct {
 	body   affinity.Request
 	blocks [affinity.MaxBlocks]uint64
 	key    affinity.Key
-	cands  affinityCandidates
 }
 
 // requestStateVar names the request variable that holds the request's *requestState.
@@ -80,12 +80,9 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 // the request's tokens cached there taken off its prefill, within the balance bound.
 func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	st := p.readRequest(r)
-	c := &st.cands
-	*c = affinityCandidates{}
-	c.init(p, pool, x)
-	if x != nil {
-		c.known = x.workers
-	}
+	c := candidatesPool.Get().(*affinityCandidates)
+	defer candidatesPool.Put(c)
+	c.reset(p, pool, x)
 	c.size, c.params = st.size, p.costParams()
 	c.look()
 	choice := p.affinityIndex.Choose(st.key, c, p.AffinityBalance)
@@ -122,6 +119,20 @@ type affinityCandidate struct {
 	// cap is the batch cap (max_running_requests), the fleet's mean where unknown: the worker's share
 	// of the keys.
 	cap float64
+}
+
+// candidatesPool keeps the candidates of a Select for the next one: they are 2.5 KiB, which a
+// request would otherwise allocate and the collector trace.
+var candidatesPool = sync.Pool{New: func() any { return new(affinityCandidates) }}
+
+// reset makes c the pool as Select sees it now, with nothing looked up yet.
+func (c *affinityCandidates) reset(p *Policy, pool reverseproxy.UpstreamPool, x *poolIndex) {
+	clear(c.cands[:min(len(pool), len(c.cands))]) // look and Worker fill the positions they read
+	c.poolView, c.known, c.meanCap = poolView{}, nil, 0
+	c.init(p, pool, x)
+	if x != nil {
+		c.known = x.workers
+	}
 }
 
 // look notes each position's endpoint and fresh report, and weighs it by its batch cap.
