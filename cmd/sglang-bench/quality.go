@@ -55,6 +55,9 @@ func qualityPolicies() []policy {
 		sglangLoad("sglang_load cost 10s", 10*time.Second, "metric cost"),
 		sglangLoad("sglang_load cost 10s no-inflight", 10*time.Second, "metric cost", "inflight_correction off"),
 		sglangLoad("sglang_load cost 1s", time.Second, "metric cost"),
+		// The simulated workers halve a request's decode speed at 16 more in the batch; the default
+		// assumes 32: how much knowing the fleet's own figure is worth.
+		sglangLoad("sglang_load cost 10s halving 16", 10*time.Second, "metric cost", "decode_batch_halving 16"),
 	}
 }
 
