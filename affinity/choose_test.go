@@ -281,6 +281,11 @@ func TestChoosersAgree(t *testing.T) {
 				xs[who].Record(key.Blocks, fs[who].workers[c.Index])
 			}
 			t.Logf("agreed on %d of %d requests", agreed, requests)
+			// Each instance learns only what it served, so a key one of them has seen may split
+			// them; on most requests they must still agree, or a rule has split the instances.
+			if agreed < requests*85/100 {
+				t.Fatalf("agreed on %d of %d requests, want at least 85%%", agreed, requests)
+			}
 		})
 	}
 }
