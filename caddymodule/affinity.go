@@ -46,7 +46,7 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 		return st
 	}
 	st := new(requestState)
-	st.size = loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
+	st.size = p.unreadSize(r)
 	if readBody {
 		st.body.Blocks = st.blocks[:0]
 		if p.Affinity != affinityPrefix {
@@ -74,6 +74,12 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 	}
 	caddyhttp.SetVar(r.Context(), requestStateVar, st)
 	return st
+}
+
+// unreadSize is r's size where its body is not read: the prompt from Content-Length, the output from
+// default_max_tokens.
+func (p *Policy) unreadSize(r *http.Request) loadpolicy.Request {
+	return loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
 }
 
 // selectByAffinity is Select with affinity on: each available upstream is priced by the cost model with
@@ -258,9 +264,10 @@ func (p *Policy) workerOf(dial string) affinity.Worker {
 func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, x *poolIndex, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	var v poolView
 	v.init(p, pool, x)
-	v.size = loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
 	if st := p.readRequest(r); st != nil {
 		v.size = st.size
+	} else {
+		v.size = p.unreadSize(r)
 	}
 	v.params = p.costParams()
 	idx, ok := loadpolicy.Choose(p.choice, p.metric, len(pool), v.priced, rand.IntN)

@@ -60,12 +60,19 @@ func newHashingWorker(t *testing.T, running int, gen float64) *hashingWorker {
 
 func (w *hashingWorker) addr() string { return strings.TrimPrefix(w.srv.URL, "http://") }
 
-// chatBody is a chat request of about size bytes whose max_tokens comes after the messages.
+// chatBody is a chat request of about size bytes whose max_tokens comes after the messages, its text
+// dense with escapes (3 in 51 bytes).
 func chatBody(size int) []byte {
+	return chatBodyOf(size, `the quick brown fox \"jumps\" over the lazy dog\n `)
+}
+
+// chatBodyOf is a chat request of about size bytes whose system message repeats line (JSON text) and
+// whose max_tokens comes after the messages.
+func chatBodyOf(size int, line string) []byte {
 	var b bytes.Buffer
 	b.WriteString(`{"model":"m","messages":[{"role":"system","content":"`)
 	for b.Len() < size-64 {
-		b.WriteString(`the quick brown fox \"jumps\" over the lazy dog\n `)
+		b.WriteString(line)
 	}
 	b.WriteString(`"}],"max_tokens":77,"stream":false}`)
 	return b.Bytes()

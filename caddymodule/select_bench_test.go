@@ -93,7 +93,7 @@ func BenchmarkSelectReadingBody(b *testing.B) {
 	bodies := []struct {
 		name string
 		body []byte
-	}{{"escapes", chatBody(16 << 10)}, {"prose", proseChatBody(16 << 10)}}
+	}{{"escapes", chatBody(16 << 10)}, {"prose", chatBodyOf(16<<10, `You are a careful assistant who answers briefly, cites sources and avoids jargon.\n`)}}
 	for _, n := range []int{4, 64} {
 		pool := benchPool(n)
 		for _, v := range []struct{ name, affinity string }{{"cost", ""}, {"affinity_prefix", "prefix"}} {
@@ -121,15 +121,4 @@ func BenchmarkSelectReadingBody(b *testing.B) {
 			}
 		}
 	}
-}
-
-// proseChatBody is a chat request of about size bytes of prose: a newline is its only escape.
-func proseChatBody(size int) []byte {
-	var b bytes.Buffer
-	b.WriteString(`{"model":"m","messages":[{"role":"system","content":"`)
-	for b.Len() < size-64 {
-		b.WriteString(`You are a careful assistant who answers briefly, cites sources and avoids jargon.\n`)
-	}
-	b.WriteString(`"}],"max_tokens":77,"stream":false}`)
-	return b.Bytes()
 }
