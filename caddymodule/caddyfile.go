@@ -94,6 +94,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //		prefill_tokens_per_sec <tokens/s>
 //		decode_tokens_per_sec  <tokens/s>
 //		decode_batch_halving   <requests>
+//		delay_to_others        <0..1>
 //		inflight_correction on|off
 //		fallback       <policy> [<options...>]
 //	}
@@ -238,6 +239,16 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			default:
 				p.DecodeBatchHalving = f // parseOptions checks >= 1
 			}
+		case "delay_to_others":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(f >= 0 && f <= 1) {
+				return d.Errf("delay_to_others: want a number from 0 to 1, got %q", v)
+			}
+			p.DelayToOthers = &f
 		case "inflight_correction":
 			v, err := oneArg(d)
 			if err != nil {

@@ -115,8 +115,15 @@ type Policy struct {
 	ReadBody int `json:"read_body,omitempty"`
 
 	// How many more requests in a decoding batch halve each one's decode speed, for the cost metric:
-	// it carries a worker's measured speed at one batch size to another. Default: 32.
+	// it carries a worker's measured speed at one batch size to another. Set, it holds for every
+	// worker. Default: measured per worker from its reports (gen_throughput against num_running_reqs,
+	// once the batch has varied enough), 32 until measured.
 	DecodeBatchHalving float64 `json:"decode_batch_halving,omitempty"`
+
+	// How much of the time a request takes from the requests decoding beside it counts in its price,
+	// for the cost metric, 0 to 1: 0 places each request where it finishes first, 1 where the fleet's
+	// total time grows least. Default: 1.
+	DelayToOthers *float64 `json:"delay_to_others,omitempty"`
 
 	// Whether to count the proxy's own requests started since a worker's last report as load on it
 	// (with the cost metric: to project the report to now). Off compares workers on their reports alone, so between two polls every request goes to the
@@ -289,13 +296,20 @@ func (p *Policy) parseOptions() error {
 		return fmt.Errorf("read_body: want a size in bytes, or -1 for never, got %d", p.ReadBody)
 	case p.DecodeBatchHalving != 0 && !(p.DecodeBatchHalving >= 1) || math.IsInf(p.DecodeBatchHalving, 0):
 		return fmt.Errorf("decode_batch_halving: must be a finite number >= 1, got %v", p.DecodeBatchHalving)
+	case p.DelayToOthers != nil && !(*p.DelayToOthers >= 0 && *p.DelayToOthers <= 1):
+		return fmt.Errorf("delay_to_others: must be a number from 0 to 1, got %v", *p.DelayToOthers)
 	}
 	d := defaultCostParams()
 	p.costs = loadpolicy.CostParams{
 		PrefillTokensPerSec: cmp.Or(p.PrefillTokensPerSec, d.PrefillTokensPerSec),
 		DecodeTokensPerSec:  cmp.Or(p.DecodeTokensPerSec, d.DecodeTokensPerSec),
 		DecodeBatchHalving:  cmp.Or(p.DecodeBatchHalving, d.DecodeBatchHalving),
+		FixedHalving:        p.DecodeBatchHalving != 0,
 		MeanOutputTokens:    float64(p.defaultMaxTokens()),
+		DelayToOthers:       d.DelayToOthers,
+	}
+	if p.DelayToOthers != nil {
+		p.costs.DelayToOthers = *p.DelayToOthers
 	}
 	p.meanOut.Store(math.Float64bits(float64(p.defaultMaxTokens())))
 	return p.parseAffinity()
@@ -342,6 +356,7 @@ const (
 	defaultPrefillTokensPerSec = 8000
 	defaultDecodeTokensPerSec  = 50
 	defaultDecodeBatchHalving  = 32
+	defaultDelayToOthers       = 1
 	defaultReadBody            = 64 << 10
 )
 
@@ -362,7 +377,7 @@ func (p *Policy) costParams() loadpolicy.CostParams {
 // defaultCostParams are the cost model's stand-ins with every option at its default.
 func defaultCostParams() loadpolicy.CostParams {
 	return loadpolicy.CostParams{PrefillTokensPerSec: defaultPrefillTokensPerSec, DecodeTokensPerSec: defaultDecodeTokensPerSec,
-		DecodeBatchHalving: defaultDecodeBatchHalving, MeanOutputTokens: defaultMaxTokens}
+		DecodeBatchHalving: defaultDecodeBatchHalving, DelayToOthers: defaultDelayToOthers, MeanOutputTokens: defaultMaxTokens}
 }
 
 func (p *Policy) defaultMaxTokens() int64 { return cmp.Or(p.DefaultMaxTokens, defaultMaxTokens) }

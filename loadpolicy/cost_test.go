@@ -35,6 +35,7 @@ func TestCost(t *testing.T) {
 		prev     []Rank        // the previous report, for Follow; nil for none
 		gap      time.Duration // how long before this report the previous one came
 		residual float64       // CostParams.ResidualPromptTokens
+		others   float64       // CostParams.DelayToOthers
 		req      Request
 		cached   int64
 		since    Since
@@ -133,6 +134,22 @@ func TestCost(t *testing.T) {
 			req:   Request{400, 100}, want: 100/perRequest(0.8*200*(1+1.0/32), 5) + 0.05,
 		},
 		{
+			// As "busy worker", and each of the 100 tokens slows the 4 others by 1/16 of a token at
+			// the speed alone: 4 x 100 x (1/16) / busyAlone more.
+			name: "delay to others", ranks: []Rank{busy}, req: Request{400, 100}, others: 1,
+			want: 100/perRequest(busyAlone, 5) + 0.05 + 4*100.0/16/busyAlone,
+		},
+		{
+			// Half of it counts.
+			name: "half the delay to others", ranks: []Rank{busy}, req: Request{400, 100}, others: 0.5,
+			want: 100/perRequest(busyAlone, 5) + 0.05 + 0.5*4*100.0/16/busyAlone,
+		},
+		{
+			// Alone in its batch, it delays no one: 2.1 as with the defaults.
+			name: "delay to others, idle worker", ranks: []Rank{worker(0, 0, 0, 0, 10000, 8, 0)},
+			req: Request{800, 100}, others: 1, want: 2.1,
+		},
+		{
 			// Two DP ranks: the worker prefills 8000 tok/s, a prompt runs on one rank at 4000: 400/4000 = 0.1.
 			name: "two ranks", ranks: []Rank{worker(0, 0, 0, 0, 10000, 8, 0), worker(0, 0, 0, 0, 10000, 8, 0)},
 			req: Request{400, 100}, want: 2.1,
@@ -149,6 +166,7 @@ func TestCost(t *testing.T) {
 			}
 			p := params
 			p.ResidualPromptTokens = tt.residual
+			p.DelayToOthers = tt.others
 			got := rep.Cost(tt.req, tt.cached, &tt.since, &p)
 			if math.Abs(got-tt.want) > 1e-9 {
 				t.Errorf("cost %.6f s, want %.6f s", got, tt.want)
