@@ -166,8 +166,9 @@ func deriveWorkload(r *Report) workload {
 }
 
 // Follow carries forward, from the worker's previous report, what this one cannot measure alone: the
-// prefill speed (the difference of the cumulative prefill counters between the two) and the last
-// measured decode throughput of a worker that is idle now. Call it once, before the report is published.
+// prefill speed (the difference of the cumulative prefill counters between the two), the last
+// measured decode throughput of a worker that is idle now, and the fit of its batch halving. Call it
+// once, before the report is published.
 func (r *Report) Follow(prev *Report) {
 	if prev == nil || !r.work.has {
 		return
