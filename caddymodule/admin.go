@@ -177,8 +177,6 @@ type scoreView struct {
 	CostSeconds *float64 `json:"cost_seconds,omitempty"`
 	// PrefillTokensPerSec is the prefill speed measured from the worker's counters; absent when not measured.
 	PrefillTokensPerSec *float64 `json:"prefill_tokens_per_sec,omitempty"`
-	// DecodeBatchHalving is the batch halving fitted to the worker's reports; absent when not measured.
-	DecodeBatchHalving *float64 `json:"decode_batch_halving,omitempty"`
 }
 
 // referenceRequest is the request the admin view prices: 512 prompt tokens, 256 output tokens.
@@ -256,9 +254,6 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 			}
 			if speed, ok := fresh.PrefillTokensPerSec(); ok {
 				v.Score.PrefillTokensPerSec = &speed
-			}
-			if h, ok := fresh.DecodeBatchHalving(); ok {
-				v.Score.DecodeBatchHalving = &h
 			}
 		}
 	}

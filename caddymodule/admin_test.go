@@ -54,7 +54,6 @@ type worker struct {
 		Value       float64            `json:"value"`
 		Signals     map[string]float64 `json:"signals"`
 		CostSeconds *float64           `json:"cost_seconds"`
-		Halving     *float64           `json:"decode_batch_halving"`
 	} `json:"score"`
 }
 
@@ -309,33 +308,6 @@ func TestAdminRefreshAndMethods(t *testing.T) {
 			t.Errorf("%s %s: status %d, Allow %q, JSON error %q (%v); want 405, %s and an error",
 				tc.method, tc.path, resp.StatusCode, resp.Header.Get("Allow"), e.Error, err, tc.allow)
 		}
-	}
-}
-
-func TestAdminShowsFittedHalving(t *testing.T) {
-	w := newTestWorker(t, "decoding", 0.1, 0)
-	// Requests decode at 100 tokens/s alone and at half that with 10 more in the batch.
-	decoding := func(running int) {
-		gen := float64(running) * 100 / (1 + float64(running-1)/10)
-		w.usage.Store(fmt.Sprintf(`[{"dp_rank":0,"num_running_reqs":%d,"num_waiting_reqs":0,"num_used_tokens":%d,`+
-			`"max_total_num_tokens":100000,"max_running_requests":64,"gen_throughput":%.4f}]`, running, 500*running, gen))
-	}
-	decoding(1)
-	tester := caddytest.NewTester(t)
-	tester.InitServer(caddyfile("interval 1h", "metric cost", w), "caddyfile")
-	waitWorkers(t, 10*time.Second, "the worker polled", polledOK, w)
-	if h := workers(t)[w.addr()].Score.Halving; h != nil {
-		t.Fatalf("one report measured a halving of %v", *h)
-	}
-	for _, running := range []int{6, 12, 3, 16, 9, 2, 14} {
-		decoding(running)
-		if code, body := adminDo(t, http.MethodPost, "/sglang_load/refresh"); code != http.StatusOK {
-			t.Fatalf("POST /sglang_load/refresh: status %d: %s", code, body)
-		}
-	}
-	v := workers(t)[w.addr()]
-	if v.PollsOK != 8 || v.Score == nil || v.Score.Halving == nil || math.Abs(*v.Score.Halving-10) > 1e-6 {
-		t.Errorf("after %d polls the score is %+v, want a fitted decode_batch_halving of 10 after 8", v.PollsOK, v.Score)
 	}
 }
 

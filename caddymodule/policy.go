@@ -115,9 +115,7 @@ type Policy struct {
 	ReadBody int `json:"read_body,omitempty"`
 
 	// How many more requests in a decoding batch halve each one's decode speed, for the cost metric:
-	// it carries a worker's measured speed at one batch size to another. Set, it holds for every
-	// worker. Default: measured per worker from its reports (gen_throughput against num_running_reqs,
-	// once the batch has varied enough), 32 until measured.
+	// it carries a worker's measured speed at one batch size to another. Default: 32.
 	DecodeBatchHalving float64 `json:"decode_batch_halving,omitempty"`
 
 	// How much of the time a request takes from the requests decoding beside it counts in its price,
@@ -304,7 +302,6 @@ func (p *Policy) parseOptions() error {
 		PrefillTokensPerSec: cmp.Or(p.PrefillTokensPerSec, d.PrefillTokensPerSec),
 		DecodeTokensPerSec:  cmp.Or(p.DecodeTokensPerSec, d.DecodeTokensPerSec),
 		DecodeBatchHalving:  cmp.Or(p.DecodeBatchHalving, d.DecodeBatchHalving),
-		FixedHalving:        p.DecodeBatchHalving != 0,
 		MeanOutputTokens:    float64(p.defaultMaxTokens()),
 		DelayToOthers:       d.DelayToOthers,
 	}

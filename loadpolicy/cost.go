@@ -26,11 +26,8 @@ type CostParams struct {
 	PrefillTokensPerSec float64
 	// DecodeTokensPerSec is the decode speed of a request alone on a worker never yet seen decoding.
 	DecodeTokensPerSec float64
-	// DecodeBatchHalving is how many more requests in a batch halve each one's decode speed: the
-	// stand-in for a worker whose reports have not measured it, or for every worker with FixedHalving.
+	// DecodeBatchHalving is how many more requests in a batch halve each one's decode speed.
 	DecodeBatchHalving float64
-	// FixedHalving prices every worker at DecodeBatchHalving, measured or not.
-	FixedHalving bool
 	// MeanOutputTokens is the mean OutputTokens of recent requests: the size of the requests a worker
 	// runs, whose finishing frees room for the next.
 	MeanOutputTokens float64
@@ -107,11 +104,7 @@ type workload struct {
 	// prefillBusy is the fraction of the time between the last two reports that the worker's prefill
 	// was busy, from its counters; 0 when not measured.
 	prefillBusy float64
-	// halving is the fit of the worker's decode speed against its batch over its recent reports, and
-	// invHalving 1/its halving where the fit measures one, else 0.
-	halving    halvingFit
-	invHalving float64
-	has        bool // the report carries the counts the model needs
+	has         bool // the report carries the counts the model needs
 }
 
 func (w *workload) setDecode(throughput float64, batch int64) {
@@ -166,21 +159,14 @@ func deriveWorkload(r *Report) workload {
 }
 
 // Follow carries forward, from the worker's previous report, what this one cannot measure alone: the
-// prefill speed (the difference of the cumulative prefill counters between the two), the last
-// measured decode throughput of a worker that is idle now, and the fit of its batch halving. Call it
-// once, before the report is published.
+// prefill speed (the difference of the cumulative prefill counters between the two) and the last
+// measured decode throughput of a worker that is idle now. Call it once, before the report is published.
 func (r *Report) Follow(prev *Report) {
 	if prev == nil || !r.work.has {
 		return
 	}
-	r.work.halving = prev.work.halving
-	if r.work.decode > 0 {
-		r.work.halving.add(r.work.decodeAtLess1, 1/r.work.decodePerRequest)
-	} else if prev.work.decode > 0 {
+	if r.work.decode == 0 && prev.work.decode > 0 {
 		r.work.setDecode(prev.work.decode, prev.work.decodeAt)
-	}
-	if h, ok := r.work.halving.halving(); ok {
-		r.work.invHalving = 1 / h
 	}
 	r.work.aloneFloor = max(r.work.aloneFloor, prev.work.aloneFloor*decodeMemory)
 	r.work.prefill, r.work.prefillOK = prev.work.prefill, prev.work.prefillOK
@@ -275,7 +261,7 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 	if w.maxBatch > 0 {
 		batch = min(batch, w.maxBatch)
 	}
-	invHalving := w.invHalvingFor(p)
+	invHalving := 1 / atLeast(p.DecodeBatchHalving, 1)
 	alone := w.aloneSpeed(p, invHalving)
 	slowdown := 1 + float64(batch-1)*invHalving
 	secondsPerToken := slowdown / alone // per request, in the batch it joins
@@ -335,23 +321,7 @@ func (r *Report) AloneCost(req Request, p *CostParams) float64 {
 	}
 	prompt := float64(max(req.PromptTokens, 0)) * float64(max(w.ranks, 1))
 	out := float64(max(req.OutputTokens, 1))
-	return prompt/w.prefillSpeed(p) + out/w.aloneSpeed(p, w.invHalvingFor(p))
-}
-
-// DecodeBatchHalving is the batch halving the worker's reports measure, and whether they measure one.
-func (r *Report) DecodeBatchHalving() (float64, bool) {
-	if r.work.invHalving == 0 {
-		return 0, false
-	}
-	return 1 / r.work.invHalving, true
-}
-
-// invHalvingFor is 1 / the batch halving the model prices the worker at: measured, else the stand-in.
-func (w *workload) invHalvingFor(p *CostParams) float64 {
-	if w.invHalving > 0 && !p.FixedHalving {
-		return w.invHalving
-	}
-	return 1 / atLeast(p.DecodeBatchHalving, 1)
+	return prompt/w.prefillSpeed(p) + out/w.aloneSpeed(p, 1/atLeast(p.DecodeBatchHalving, 1))
 }
 
 // aloneSpeed is the decode speed of one request in a batch of its own, tokens/s.

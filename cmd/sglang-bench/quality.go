@@ -56,7 +56,7 @@ func qualityPolicies() []policy {
 		sglangLoad("sglang_load cost 10s no-inflight", 10*time.Second, "metric cost", "inflight_correction off"),
 		sglangLoad("sglang_load cost 1s", time.Second, "metric cost"),
 		// The simulated workers halve a request's decode speed at 16 more in the batch; the default
-		// fits each worker's halving to its reports: the fit beside the fleet's own figure.
+		// assumes 32: how much knowing the fleet's own figure is worth.
 		sglangLoad("sglang_load cost 10s halving 16", 10*time.Second, "metric cost", "decode_batch_halving 16"),
 		// The default prices the delay a request adds to the others in its batch; 0 prices it alone.
 		sglangLoad("sglang_load cost 10s others 0", 10*time.Second, "metric cost", "delay_to_others 0"),
