@@ -114,10 +114,12 @@ func (w *workload) setDecode(throughput float64, batch int64) {
 }
 
 // referenceHalving is the batch halving at which reports' decode speeds are compared across polls, and
-// decodeMemory how much of the best recent one a report keeps as a floor.
+// decodeMemory the half-life of the best recent one as a floor: in time, not in polls, since a worker
+// polled every second can read low (idle or lagging windows) for several polls in a row, and a floor
+// that halves in a few polls let such a run make a fast worker look slower than a slow one.
 const (
 	referenceHalving = 32
-	decodeMemory     = 0.8
+	decodeMemory     = time.Minute
 )
 
 // maxPrefillBusy caps the prefill's busy fraction in the queueing term, so that a saturated worker's
@@ -168,7 +170,11 @@ func (r *Report) Follow(prev *Report) {
 	if r.work.decode == 0 && prev.work.decode > 0 {
 		r.work.setDecode(prev.work.decode, prev.work.decodeAt)
 	}
-	r.work.aloneFloor = max(r.work.aloneFloor, prev.work.aloneFloor*decodeMemory)
+	kept := prev.work.aloneFloor
+	if gap := r.Received.Sub(prev.Received); gap > 0 {
+		kept *= math.Exp2(-gap.Seconds() / decodeMemory.Seconds())
+	}
+	r.work.aloneFloor = max(r.work.aloneFloor, kept)
 	r.work.prefill, r.work.prefillOK = prev.work.prefill, prev.work.prefillOK
 	if len(prev.Ranks) != len(r.Ranks) {
 		return

@@ -125,13 +125,14 @@ func TestCost(t *testing.T) {
 			req: Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.1 + 3.8,
 		},
 		{
-			// The previous report measured 400 tok/s at batch 2 (200 each, 203.125 alone at the reference
-			// halving of 32); this one reads 50 at batch 4 (a window that lagged the batch): the floor
-			// keeps 0.8 x 203.125 = 162.5 alone; batch 5 at halving 16; prefill 0.05.
+			// The previous report, 30 s before, measured 400 tok/s at batch 2 (200 each, 206.25 alone at
+			// the reference halving of 32); this one reads 50 at batch 4 (a window that lagged the batch):
+			// the floor keeps 206.25 halved every minute, 2^-0.5 of it, alone; batch 5 at halving 16;
+			// prefill 0.05.
 			name:  "decode floor from the previous report",
 			prev:  []Rank{worker(2, 0, 0, 1000, 10000, 8, 400)},
-			ranks: []Rank{worker(4, 0, 0, 1000, 10000, 8, 50)},
-			req:   Request{400, 100}, want: 100/perRequest(0.8*200*(1+1.0/32), 5) + 0.05,
+			ranks: []Rank{worker(4, 0, 0, 1000, 10000, 8, 50)}, gap: 30 * time.Second,
+			req: Request{400, 100}, want: 100/perRequest(math.Sqrt(0.5)*200*(1+1.0/32), 5) + 0.05,
 		},
 		{
 			// As "busy worker", and each of the 100 tokens slows the 4 others by 1/16 of a token at
@@ -172,6 +173,21 @@ func TestCost(t *testing.T) {
 				t.Errorf("cost %.6f s, want %.6f s", got, tt.want)
 			}
 		})
+	}
+}
+
+func TestDecodeFloorHalvesInTime(t *testing.T) {
+	// 400 tok/s at batch 2: 200 each, 206.25 alone at the reference halving of 32.
+	prev := NewReport(time.Unix(0, 0), "", []Rank{worker(2, 0, 0, 1000, 10000, 8, 400)})
+	// Ten polls a second apart read 50 at batch 4, windows that lag the batch: a minute's half-life
+	// keeps 2^(-10/60) of the best, whether it took one poll or ten to get there.
+	for i := 1; i <= 10; i++ {
+		rep := NewReport(time.Unix(int64(i), 0), "", []Rank{worker(4, 0, 0, 1000, 10000, 8, 50)})
+		rep.Follow(prev)
+		prev = rep
+	}
+	if got, want := prev.DecodeAloneTokensPerSec(), math.Exp2(-10.0/60)*206.25; math.Abs(got-want) > 1e-9 {
+		t.Errorf("floor after ten low polls %.3f tok/s, want %.3f", got, want)
 	}
 }
 
