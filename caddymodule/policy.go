@@ -120,7 +120,7 @@ type Policy struct {
 
 	// How much of the time a request takes from the requests decoding beside it counts in its price,
 	// for the cost metric, 0 to 1: 0 places each request where it finishes first, 1 where the fleet's
-	// total time grows least. Default: 1.
+	// total time grows least. Default: 0 (affinity's hit rates fell with 1; see the README).
 	DelayToOthers *float64 `json:"delay_to_others,omitempty"`
 
 	// Whether to count the proxy's own requests started since a worker's last report as load on it
@@ -353,7 +353,7 @@ const (
 	defaultPrefillTokensPerSec = 8000
 	defaultDecodeTokensPerSec  = 50
 	defaultDecodeBatchHalving  = 32
-	defaultDelayToOthers       = 1
+	defaultDelayToOthers       = 0
 	defaultReadBody            = 64 << 10
 )
 

@@ -58,8 +58,8 @@ func qualityPolicies() []policy {
 		// The simulated workers halve a request's decode speed at 16 more in the batch; the default
 		// assumes 32: how much knowing the fleet's own figure is worth.
 		sglangLoad("sglang_load cost 10s halving 16", 10*time.Second, "metric cost", "decode_batch_halving 16"),
-		// The default prices the delay a request adds to the others in its batch; 0 prices it alone.
-		sglangLoad("sglang_load cost 10s others 0", 10*time.Second, "metric cost", "delay_to_others 0"),
+		// The default prices a request alone; 1 adds the delay it brings the others in its batch.
+		sglangLoad("sglang_load cost 10s others 1", 10*time.Second, "metric cost", "delay_to_others 1"),
 	}
 }
 
