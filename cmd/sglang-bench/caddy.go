@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -26,14 +27,38 @@ type caddyProc struct {
 	waitError error
 }
 
-// freePort returns a loopback port that was free a moment ago.
+// handedOut holds every port freePort has returned. Caddy binds its listeners with SO_REUSEPORT, so two
+// instances given the same port both bind it and the kernel splits its connections between them: one
+// arm's requests reached another Caddy's admin API and failed with its 404. The kernel may return a
+// port that was just closed again, so no port is handed out twice in a run.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: make(map[int]bool)}
+
+// freePort returns a loopback port that was free a moment ago and that it has not returned before.
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	var held []net.Listener // ports handed out before stay bound until a new one is found
+	defer func() {
+		for _, ln := range held {
+			ln.Close()
+		}
+	}()
+	for range 1000 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		held = append(held, ln)
+		port := ln.Addr().(*net.TCPAddr).Port
+		if !handedOut.ports[port] {
+			handedOut.ports[port] = true
+			return port, nil
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("no loopback port that was not handed out before")
 }
 
 // startCaddy writes the Caddyfile that caddyfile(adminAddr, sitePort) returns and runs Caddy on it,

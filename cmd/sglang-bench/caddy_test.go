@@ -13,3 +13,18 @@ func TestLogTailKeepsTheEnd(t *testing.T) {
 		t.Fatalf("tail %q, want the last 8 bytes", got)
 	}
 }
+
+// Two Caddy instances given one port would both bind it (SO_REUSEPORT) and split its connections.
+func TestFreePortNeverRepeats(t *testing.T) {
+	seen := make(map[int]bool)
+	for range 300 {
+		port, err := freePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[port] {
+			t.Fatalf("port %d handed out twice", port)
+		}
+		seen[port] = true
+	}
+}
