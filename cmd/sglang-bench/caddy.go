@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -204,4 +205,75 @@ func pollUntil(ctx context.Context, timeout time.Duration, check func() (bool, e
 		case <-t.C:
 		}
 	}
+}
+
+// routingCounts are what a Caddy's metrics say about how it routed and polled.
+type routingCounts struct {
+	byLoad, byFallback float64 // selections_total by branch
+	polls, pollsFailed float64 // polls_total: every result, and every result but ok
+}
+
+func (c *routingCounts) add(o routingCounts) {
+	c.byLoad += o.byLoad
+	c.byFallback += o.byFallback
+	c.polls += o.polls
+	c.pollsFailed += o.pollsFailed
+}
+
+// routingCounts reads the sglang_load counters from the admin API's metrics.
+func (p *caddyProc) routingCounts() (routingCounts, error) {
+	var c routingCounts
+	resp, err := http.Get("http://" + p.admin + "/metrics")
+	if err != nil {
+		return c, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return c, err
+	}
+	for line := range strings.Lines(string(b)) {
+		name, value, ok := metricLine(line)
+		if !ok {
+			continue
+		}
+		switch {
+		case name == `caddy_sglang_load_selections_total{branch="load"}`:
+			c.byLoad += value
+		case name == `caddy_sglang_load_selections_total{branch="fallback"}`:
+			c.byFallback += value
+		case strings.HasPrefix(name, "caddy_sglang_load_polls_total{"):
+			c.polls += value
+			if !strings.Contains(name, `result="ok"`) {
+				c.pollsFailed += value
+			}
+		}
+	}
+	return c, nil
+}
+
+// metricLine splits a sample line of the Prometheus text format into its series and value.
+func metricLine(line string) (series string, value float64, ok bool) {
+	line = strings.TrimSpace(line)
+	if line == "" || line[0] == '#' {
+		return "", 0, false
+	}
+	i := strings.LastIndexByte(line, ' ')
+	if i < 0 {
+		return "", 0, false
+	}
+	v, err := strconv.ParseFloat(line[i+1:], 64)
+	if err != nil {
+		return "", 0, false
+	}
+	return line[:i], v, true
+}
+
+// String is empty for an arm without Caddy (a router inside the bench), else the share of selections
+// made by the fallback policy and of polls that failed.
+func (c routingCounts) String() string {
+	if c.byLoad+c.byFallback+c.polls == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" fallback %.1f%% polls failed %.0f/%.0f", 100*c.byFallback/max(c.byLoad+c.byFallback, 1), c.pollsFailed, c.polls)
 }

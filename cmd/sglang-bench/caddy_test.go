@@ -1,6 +1,12 @@
 package main
 
-import "testing"
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
 
 func TestLogTailKeepsTheEnd(t *testing.T) {
 	l := &logTail{max: 8}
@@ -26,5 +32,37 @@ func TestFreePortNeverRepeats(t *testing.T) {
 			t.Fatalf("port %d handed out twice", port)
 		}
 		seen[port] = true
+	}
+}
+
+func TestRoutingCountsFromMetrics(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		io.WriteString(w, `# HELP caddy_sglang_load_selections_total Upstream selections by branch.
+# TYPE caddy_sglang_load_selections_total counter
+caddy_sglang_load_selections_total{branch="fallback"} 5
+caddy_sglang_load_selections_total{branch="load"} 95
+caddy_sglang_load_selections_total{branch="none"} 0
+caddy_sglang_load_polls_total{endpoint="127.0.0.1:1",result="ok",transport="http"} 40
+caddy_sglang_load_polls_total{endpoint="127.0.0.1:1",result="timeout",transport="http"} 3
+caddy_sglang_load_polls_total{endpoint="127.0.0.1:2",result="ok",transport="http"} 43
+caddy_sglang_load_poll_duration_seconds_count{result="ok",transport="http"} 83
+`)
+	}))
+	defer srv.Close()
+	p := &caddyProc{admin: strings.TrimPrefix(srv.URL, "http://")}
+	got, err := p.routingCounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := routingCounts{byLoad: 95, byFallback: 5, polls: 86, pollsFailed: 3}
+	if got != want {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	if s, want := got.String(), " fallback 5.0% polls failed 3/86"; s != want {
+		t.Fatalf("String() = %q, want %q", s, want)
 	}
 }

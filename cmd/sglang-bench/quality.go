@@ -89,10 +89,11 @@ type armResult struct {
 	ttft99                      float64
 	tokPerSec, reqPerSec        float64 // completed, over the run
 	queueMean                   float64
-	share                       []float64 // of completed requests, per worker
-	hit, ideal                  float64   // cached / prompt tokens: the fleet's, and one unlimited cache's
-	kvMean, kvPeak, pollsPerSec []float64 // per worker
-	tail                        []sample  // the slowest 1% of completed requests
+	share                       []float64     // of completed requests, per worker
+	hit, ideal                  float64       // cached / prompt tokens: the fleet's, and one unlimited cache's
+	kvMean, kvPeak, pollsPerSec []float64     // per worker
+	routing                     routingCounts // summed over the arm's Caddy instances, from start to end
+	tail                        []sample      // the slowest 1% of completed requests
 	firstFailure                string
 }
 
@@ -164,6 +165,13 @@ func runSeed(ctx context.Context, caddy string, specs []armSpec, jobs []job, sen
 	rs := make([]armResult, len(arms))
 	for i, a := range arms {
 		rs[i] = summarise(a, specs[i].label(), begin, polls0[i])
+		for _, c := range a.caddys {
+			counts, err := c.routingCounts()
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "sglang-bench: %s: reading metrics: %v\n", specs[i].label(), err)
+			}
+			rs[i].routing.add(counts)
+		}
 	}
 	return rs, nil
 }
@@ -264,8 +272,8 @@ func runSeeds(ctx context.Context, caddy string, specs []armSpec, parallel int, 
 				start := time.Now()
 				perSeed[i], errs[i] = runSeed(ctx, caddy, specs, jobsOf(seed), sent.Done)
 				for _, r := range perSeed[i] {
-					fmt.Fprintf(stderr, "sglang-bench: %s seed %d %-42s p50 %6.2fs p99 %6.2fs failed %d %s\n", label, seed, r.name, r.p50, r.p99,
-						r.failed, r.firstFailure)
+					fmt.Fprintf(stderr, "sglang-bench: %s seed %d %-42s p50 %6.2fs p99 %6.2fs share %s%s failed %d %s\n", label, seed, r.name, r.p50, r.p99,
+						shares([]armResult{r}), r.routing, r.failed, r.firstFailure)
 				}
 				fmt.Fprintf(stderr, "sglang-bench: %s seed %d done in %s\n", label, seed, time.Since(start).Round(time.Second))
 			})
