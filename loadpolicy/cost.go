@@ -167,11 +167,15 @@ func (r *Report) Follow(prev *Report) {
 	if prev == nil || !r.work.has {
 		return
 	}
-	if r.work.decode == 0 && prev.work.decode > 0 {
+	measured := r.work.decode > 0
+	if !measured && prev.work.decode > 0 {
 		r.work.setDecode(prev.work.decode, prev.work.decodeAt)
 	}
+	// Only a measurement ages the floor. A worker idle between measurements has the speed it had, and a
+	// floor that aged while it stood idle priced it below what it can do, so it got nothing to measure
+	// again: at 24/s a 2x worker idle for a minute lost all its traffic and the 4x took 99%.
 	kept := prev.work.aloneFloor
-	if gap := r.Received.Sub(prev.Received); gap > 0 {
+	if gap := r.Received.Sub(prev.Received); gap > 0 && measured {
 		kept *= math.Exp2(-gap.Seconds() / decodeMemory.Seconds())
 	}
 	r.work.aloneFloor = max(r.work.aloneFloor, kept)

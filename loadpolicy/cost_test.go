@@ -191,6 +191,23 @@ func TestDecodeFloorHalvesInTime(t *testing.T) {
 	}
 }
 
+// A worker that nobody sends to measures nothing: its floor must not age while it stands idle, or a
+// low last reading (a window that lagged the batch) becomes its price, and it is never sent to again.
+func TestDecodeFloorKeptWhileIdle(t *testing.T) {
+	prev := NewReport(time.Unix(0, 0), "", []Rank{worker(2, 0, 0, 1000, 10000, 8, 400)}) // 206.25 alone
+	low := NewReport(time.Unix(1, 0), "", []Rank{worker(4, 0, 0, 1000, 10000, 8, 50)})   // its last reading
+	low.Follow(prev)
+	prev = low
+	for i := 2; i <= 600; i++ { // ten minutes of idle polls, a second apart
+		rep := NewReport(time.Unix(int64(i), 0), "", []Rank{worker(0, 0, 0, 1000, 10000, 8, 0)})
+		rep.Follow(prev)
+		prev = rep
+	}
+	if got, want := prev.DecodeAloneTokensPerSec(), math.Exp2(-1.0/60)*206.25; math.Abs(got-want) > 1e-9 {
+		t.Errorf("floor after ten idle minutes %.3f tok/s, want %.3f (aged by the low reading's second only)", got, want)
+	}
+}
+
 func TestCostFallbacks(t *testing.T) {
 	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 16, MeanOutputTokens: 100}
 	// No running/waiting counts: nothing to price.
