@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"math"
 	"testing"
+	"time"
 
 	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
 )
@@ -29,5 +30,49 @@ func TestCostParamsFollowRecentPromptSizes(t *testing.T) {
 	}
 	if got, want := p.costParams().MeanOutputTokens, (4*64+512)/5.0; math.Abs(got-want) > 0.05*want {
 		t.Errorf("mean output %.1f tokens, want %.1f within 5%%", got, want)
+	}
+}
+
+// A worker not yet seen decoding is priced from the fleet's decode to prefill ratio, a moving mean over
+// the reports that measured both, unless decode_tokens_per_sec fixes its speed.
+func TestCostParamsFleetDecodeRatio(t *testing.T) {
+	app := &App{}
+	p := &Policy{app: app}
+	if err := p.parseOptions(); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.costParams().DecodePerPrefill; got != 0 {
+		t.Fatalf("before any report: ratio %v, want 0", got)
+	}
+	report := func(gen float64, prefillTokens int64) *loadpolicy.Report {
+		rank := func(at, tokens, busyUS int64) *loadpolicy.Report {
+			r := loadpolicy.Rank{Running: 2, GenThroughput: gen, PrefillUncachedTokens: tokens, PrefillBusyUS: busyUS,
+				Fields: loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldGenThroughput | loadpolicy.FieldPrefillCounters}
+			return loadpolicy.NewReport(time.Unix(at, 0), "", []loadpolicy.Rank{r})
+		}
+		prev, rep := rank(0, 0, 0), rank(1, prefillTokens, 1_000_000)
+		rep.Follow(prev)
+		return rep
+	}
+	// 400 tok/s at batch 2 is 206.25 alone at the reference halving; prefill 8000 tok/s: 206.25/8000.
+	app.fleetSpeed.note(report(400, 8000))
+	first := 206.25 / 8000
+	if got := p.costParams().DecodePerPrefill; math.Abs(got-first) > 1e-12 {
+		t.Fatalf("after one report: ratio %v, want %v", got, first)
+	}
+	// A report at twice the ratio moves the mean a tenth of the way.
+	app.fleetSpeed.note(report(400, 4000))
+	if got, want := p.costParams().DecodePerPrefill, first+(2*first-first)*fleetRatioWeight; math.Abs(got-want) > 1e-12 {
+		t.Errorf("after two reports: ratio %v, want %v", got, want)
+	}
+	if got, want := p.costParams().DecodeTokensPerSec, 206.25; math.Abs(got-want) > 1e-9 {
+		t.Errorf("fleet's fastest %v, want %v", got, want)
+	}
+	fixed := &Policy{app: app, DecodeTokensPerSec: 120}
+	if err := fixed.parseOptions(); err != nil {
+		t.Fatal(err)
+	}
+	if got := fixed.costParams(); got.DecodeTokensPerSec != 120 || got.DecodePerPrefill != 0 {
+		t.Errorf("with decode_tokens_per_sec 120: %v tok/s, ratio %v; want 120 and no ratio", got.DecodeTokensPerSec, got.DecodePerPrefill)
 	}
 }

@@ -259,21 +259,43 @@ type stampingFetcher struct {
 	fleet *fleetSpeed
 }
 
-// fleetSpeed is the fastest decode speed alone that any worker of a config has reported lately: the
-// cost model's stand-in for a worker not yet seen decoding. Optimistic on purpose: a worker priced at a
-// slow stand-in would get no request, so never decode, so never be measured.
-type fleetSpeed struct{ bits atomic.Uint64 }
+// fleetSpeed is what a config's workers have reported of their decode speed: the cost model's
+// stand-ins for a worker not yet seen decoding. The fastest speed alone reported lately is optimistic
+// on purpose: a worker priced at a slow stand-in would get no request, so never decode, so never be
+// measured. The decode to prefill ratio prices, instead, a worker whose prefill speed is measured.
+type fleetSpeed struct{ fastest, ratio atomic.Uint64 }
 
 // fleetSpeedMemory is how much of the fastest speed each report keeps, so a fleet that lost its
 // fastest worker forgets it within some tens of polls.
 const fleetSpeedMemory = 0.98
 
-func (f *fleetSpeed) note(alone float64) {
-	old := math.Float64frombits(f.bits.Load())
-	f.bits.Store(math.Float64bits(max(alone, old*fleetSpeedMemory)))
+// fleetRatioWeight is the weight of each report's decode to prefill ratio in the fleet's moving mean.
+const fleetRatioWeight = 0.1
+
+func (f *fleetSpeed) note(rep *loadpolicy.Report) {
+	old := math.Float64frombits(f.fastest.Load())
+	f.fastest.Store(math.Float64bits(max(rep.DecodeAloneTokensPerSec(), old*fleetSpeedMemory)))
+	r := rep.DecodePerPrefill()
+	if r <= 0 {
+		return
+	}
+	for {
+		bits := f.ratio.Load()
+		mean := math.Float64frombits(bits)
+		if mean > 0 {
+			mean += (r - mean) * fleetRatioWeight
+		} else {
+			mean = r
+		}
+		if f.ratio.CompareAndSwap(bits, math.Float64bits(mean)) {
+			return
+		}
+	}
 }
 
-func (f *fleetSpeed) load() float64 { return math.Float64frombits(f.bits.Load()) }
+func (f *fleetSpeed) load() (fastest, ratio float64) {
+	return math.Float64frombits(f.fastest.Load()), math.Float64frombits(f.ratio.Load())
+}
 
 func (f stampingFetcher) Fetch(ctx context.Context) (*loadpolicy.Report, error) {
 	var before int64
@@ -288,7 +310,7 @@ func (f stampingFetcher) Fetch(ctx context.Context) (*loadpolicy.Report, error) 
 			rep.Follow(prev.Report)
 		}
 		if f.fleet != nil {
-			f.fleet.note(rep.DecodeAloneTokensPerSec())
+			f.fleet.note(rep)
 		}
 		// The worker measured somewhere between the two readings; the smaller one does not undercount
 		// requests it could not have seen yet.

@@ -84,9 +84,10 @@ type Policy struct {
 	PrefillTokensPerSec float64 `json:"prefill_tokens_per_sec,omitempty"`
 
 	// Decode speed, in output tokens/s, of a request alone on a worker, that the cost metric assumes
-	// for a worker not yet seen decoding (gen_throughput with running requests). Default: the fastest
-	// that any worker has reported lately (so an unmeasured worker gets requests and is measured), or 50
-	// before any has.
+	// for a worker not yet seen decoding (gen_throughput with running requests). Default: the worker's
+	// measured prefill speed per rank times the fleet's ratio of decode speed alone to prefill speed
+	// per rank; for a worker without a prefill speed, the fastest that any worker has reported lately
+	// (so an unmeasured worker gets requests and is measured), or 50 before any has.
 	DecodeTokensPerSec float64 `json:"decode_tokens_per_sec,omitempty"`
 
 	// Route requests that share a prompt prefix (prefix: chat messages, a completion's prompt, /generate
@@ -358,7 +359,7 @@ const (
 )
 
 // costParams are the cost model's stand-ins for this Select: the options, the mean output size of
-// recent requests, and the fleet's fastest decode speed for a worker not yet measured.
+// recent requests, and the fleet's decode speeds for a worker not yet measured.
 func (p *Policy) costParams() loadpolicy.CostParams {
 	params := p.costs
 	params.MeanOutputTokens = math.Float64frombits(p.meanOut.Load())
@@ -366,7 +367,8 @@ func (p *Policy) costParams() loadpolicy.CostParams {
 		params.ResidualPromptTokens = math.Float64frombits(p.meanPromptSq.Load()) / (2 * mean)
 	}
 	if p.DecodeTokensPerSec == 0 && p.app != nil {
-		params.DecodeTokensPerSec = max(params.DecodeTokensPerSec, p.app.fleetSpeed.load())
+		fastest, ratio := p.app.fleetSpeed.load()
+		params.DecodeTokensPerSec, params.DecodePerPrefill = max(params.DecodeTokensPerSec, fastest), ratio
 	}
 	return params
 }

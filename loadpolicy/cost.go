@@ -26,6 +26,10 @@ type CostParams struct {
 	PrefillTokensPerSec float64
 	// DecodeTokensPerSec is the decode speed of a request alone on a worker never yet seen decoding.
 	DecodeTokensPerSec float64
+	// DecodePerPrefill, when positive, prices a worker never yet seen decoding whose prefill speed is
+	// measured instead: its speed alone is its prefill speed per rank times DecodePerPrefill, the
+	// fleet's ratio of the two where both are measured (see DecodePerPrefill).
+	DecodePerPrefill float64
 	// DecodeBatchHalving is how many more requests in a batch halve each one's decode speed.
 	DecodeBatchHalving float64
 	// MeanOutputTokens is the mean OutputTokens of recent requests: the size of the requests a worker
@@ -337,10 +341,26 @@ func (r *Report) AloneCost(req Request, p *CostParams) float64 {
 // aloneSpeed is the decode speed of one request in a batch of its own, tokens/s.
 func (w *workload) aloneSpeed(p *CostParams, invHalving float64) float64 {
 	alone := p.DecodeTokensPerSec
-	if w.decode > 0 {
+	switch {
+	case w.decode > 0:
 		alone = max(w.decodePerRequest*(1+w.decodeAtLess1*invHalving), w.aloneFloor)
+	case w.prefillOK && p.DecodePerPrefill > 0:
+		alone = w.prefill / float64(max(w.ranks, 1)) * p.DecodePerPrefill
 	}
 	return atLeast(alone, 1e-3)
+}
+
+// DecodePerPrefill is the worker's decode speed alone over its prefill speed per rank, 0 unless its
+// reports measured both. Workers serving one model on different hardware differ in both speeds
+// together: a prefill speed measured from the cumulative counters after a single request says more of
+// a rarely used worker's decode speed than the fleet's fastest does, and a poll every 10 s rarely
+// catches a short request decoding.
+func (r *Report) DecodePerPrefill() float64 {
+	w := &r.work
+	if w.aloneFloor <= 0 || !w.prefillOK || w.prefill <= 0 {
+		return 0
+	}
+	return w.aloneFloor / (w.prefill / float64(max(w.ranks, 1)))
 }
 
 // prefillSpeed is the worker's prefill speed, tokens/s: measured, else the stand-in.

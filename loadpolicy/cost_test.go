@@ -208,6 +208,42 @@ func TestDecodeFloorKeptWhileIdle(t *testing.T) {
 	}
 }
 
+// A worker whose prefill speed is measured but that no poll has caught decoding is priced at its
+// prefill speed times the fleet's ratio of the two, not at the fleet's fastest decode speed.
+func TestDecodeFromPrefillRatio(t *testing.T) {
+	counters := func(at int64, running int64, gen float64, tokens, busyUS int64) *Report {
+		r := worker(running, 0, 0, 1000, 10000, 8, gen)
+		r.PrefillUncachedTokens, r.PrefillBusyUS = tokens, busyUS
+		r.Fields |= FieldPrefillCounters
+		return NewReport(time.Unix(at, 0), "", []Rank{r})
+	}
+	// Decoding 400 tok/s at batch 2 (206.25 alone at the reference halving), prefill 8000 tok/s.
+	prev := counters(0, 2, 400, 0, 0)
+	measured := counters(1, 2, 400, 4000, 500_000)
+	measured.Follow(prev)
+	if got, want := measured.DecodePerPrefill(), 206.25/8000; math.Abs(got-want) > 1e-12 {
+		t.Fatalf("DecodePerPrefill %v, want %v", got, want)
+	}
+	if got := prev.DecodePerPrefill(); got != 0 {
+		t.Errorf("DecodePerPrefill without a prefill speed %v, want 0", got)
+	}
+
+	// Idle at both polls, 2000 tokens prefilled in half a second between them: 4000 tok/s.
+	prev = counters(0, 0, 0, 0, 0)
+	idle := counters(1, 0, 0, 2000, 500_000)
+	idle.Follow(prev)
+	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 400, DecodePerPrefill: 0.025, DecodeBatchHalving: 32, MeanOutputTokens: 100}
+	// 800 prompt tokens at 4000 tok/s, then 100 output tokens alone at 4000 × 0.025 = 100 tok/s.
+	if got, want := idle.Cost(Request{800, 100}, 0, &Since{}, &params), 0.2+1.0; math.Abs(got-want) > 1e-9 {
+		t.Errorf("priced from the prefill ratio: %v s, want %v", got, want)
+	}
+	// Without the ratio, the stand-in: 100 tokens at 400 tok/s.
+	params.DecodePerPrefill = 0
+	if got, want := idle.Cost(Request{800, 100}, 0, &Since{}, &params), 0.2+0.25; math.Abs(got-want) > 1e-9 {
+		t.Errorf("priced from the stand-in: %v s, want %v", got, want)
+	}
+}
+
 func TestCostFallbacks(t *testing.T) {
 	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 16, MeanOutputTokens: 100}
 	// No running/waiting counts: nothing to price.
