@@ -103,8 +103,10 @@ type workload struct {
 	// referenceHalving): a throughput measured over a window while the batch grew reads low, and a
 	// worker's speed alone is a property of its model and hardware.
 	aloneFloor float64
-	prefill    float64 // measured prefill speed of the whole worker, tokens/s; 0 when never measured
-	prefillOK  bool    // prefill was measured from the worker's counters (by this report or an earlier one)
+	// readings counts the reports, up to trustedReadings, that caught the worker decoding.
+	readings  int
+	prefill   float64 // measured prefill speed of the whole worker, tokens/s; 0 when never measured
+	prefillOK bool    // prefill was measured from the worker's counters (by this report or an earlier one)
 	// prefillBusy is the fraction of the time between the last two reports that the worker's prefill
 	// was busy, from its counters; 0 when not measured.
 	prefillBusy float64
@@ -125,6 +127,13 @@ const (
 	referenceHalving = 32
 	decodeMemory     = time.Minute
 )
+
+// trustedReadings is how many reports must catch a worker decoding before its speed alone is what they
+// read. One reading can be far too low: gen_throughput is the mean of a window in which the batch the
+// report counts may have run only a moment (a request that started 0.1 s before a poll reads a tenth of
+// its speed). Priced that slow, a worker gets nothing more to measure; until then it is priced at no
+// less than a worker not yet measured.
+const trustedReadings = 3
 
 // maxPrefillBusy caps the prefill's busy fraction in the queueing term, so that a saturated worker's
 // wait is large but finite: its queued tokens price the rest.
@@ -160,6 +169,7 @@ func deriveWorkload(r *Report) workload {
 	}
 	if all&FieldGenThroughput != 0 && r.GenThroughput > 0 && r.Running > 0 {
 		w.setDecode(r.GenThroughput, r.Running)
+		w.readings = 1
 	}
 	return w
 }
@@ -172,6 +182,7 @@ func (r *Report) Follow(prev *Report) {
 		return
 	}
 	measured := r.work.decode > 0
+	r.work.readings = min(r.work.readings+prev.work.readings, trustedReadings)
 	if !measured && prev.work.decode > 0 {
 		r.work.setDecode(prev.work.decode, prev.work.decodeAt)
 	}
@@ -340,14 +351,23 @@ func (r *Report) AloneCost(req Request, p *CostParams) float64 {
 
 // aloneSpeed is the decode speed of one request in a batch of its own, tokens/s.
 func (w *workload) aloneSpeed(p *CostParams, invHalving float64) float64 {
-	alone := p.DecodeTokensPerSec
-	switch {
-	case w.decode > 0:
+	var alone float64
+	if w.decode > 0 {
 		alone = max(w.decodePerRequest*(1+w.decodeAtLess1*invHalving), w.aloneFloor)
-	case w.prefillOK && p.DecodePerPrefill > 0:
-		alone = w.prefill / float64(max(w.ranks, 1)) * p.DecodePerPrefill
+	}
+	if w.readings < trustedReadings {
+		alone = max(alone, w.unmeasuredSpeed(p))
 	}
 	return atLeast(alone, 1e-3)
+}
+
+// unmeasuredSpeed is the decode speed alone of a worker not yet measured: its prefill speed per rank
+// times the fleet's ratio where both are known, else the stand-in.
+func (w *workload) unmeasuredSpeed(p *CostParams) float64 {
+	if w.prefillOK && p.DecodePerPrefill > 0 {
+		return w.prefill / float64(max(w.ranks, 1)) * p.DecodePerPrefill
+	}
+	return p.DecodeTokensPerSec
 }
 
 // DecodePerPrefill is the worker's decode speed alone over its prefill speed per rank, 0 unless its

@@ -244,6 +244,30 @@ func TestDecodeFromPrefillRatio(t *testing.T) {
 	}
 }
 
+// One low reading (a throughput window in which the batch ran only a moment) does not price a worker
+// out of the traffic that would measure it again: until trustedReadings reports caught it decoding, it
+// is priced at no less than a worker not yet measured.
+func TestDecodeTrustedAfterReadings(t *testing.T) {
+	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 400, DecodeBatchHalving: 32, MeanOutputTokens: 100}
+	// 40 tok/s at batch 1: 40 alone; idle, the worker would take 100 tokens in 100/40 s.
+	var prev *Report
+	for i := range trustedReadings {
+		rep := NewReport(time.Unix(int64(i), 0), "", []Rank{worker(1, 0, 0, 1000, 10000, 8, 40)})
+		rep.Follow(prev)
+		prev = rep
+		// Idle: 100 tokens at the stand-in's 400 tok/s until the last reading, then at the 40 read.
+		idle := NewReport(time.Unix(int64(i), 5e8), "", []Rank{worker(0, 0, 0, 1000, 10000, 8, 0)})
+		idle.Follow(prev)
+		want := 100.0 / 400
+		if i == trustedReadings-1 {
+			want = 100.0 / 40
+		}
+		if got := idle.Cost(Request{0, 100}, 0, &Since{}, &params); math.Abs(got-want) > 1e-9 {
+			t.Errorf("after %d readings: %v s, want %v", i+1, got, want)
+		}
+	}
+}
+
 func TestCostFallbacks(t *testing.T) {
 	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 16, MeanOutputTokens: 100}
 	// No running/waiting counts: nothing to price.
