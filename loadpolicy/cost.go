@@ -24,11 +24,12 @@ type Request struct {
 type CostParams struct {
 	// PrefillTokensPerSec is a worker's prefill speed where its reports do not measure it.
 	PrefillTokensPerSec float64
-	// DecodeTokensPerSec is the decode speed of a request alone on a worker never yet seen decoding.
+	// DecodeTokensPerSec is the decode speed of a request alone on a worker not yet measured (fewer
+	// than trustedReadings reports caught it decoding): it is priced at no less than this.
 	DecodeTokensPerSec float64
-	// DecodePerPrefill, when positive, prices a worker never yet seen decoding whose prefill speed is
-	// measured instead: its speed alone is its prefill speed per rank times DecodePerPrefill, the
-	// fleet's ratio of the two where both are measured (see DecodePerPrefill).
+	// DecodePerPrefill, when positive, takes DecodeTokensPerSec's place for a worker whose prefill speed
+	// is measured: its speed alone is its prefill speed per rank times DecodePerPrefill, the fleet's
+	// ratio of the two where both are measured (see Report.DecodePerPrefill).
 	DecodePerPrefill float64
 	// DecodeBatchHalving is how many more requests in a batch halve each one's decode speed.
 	DecodeBatchHalving float64
@@ -186,9 +187,9 @@ func (r *Report) Follow(prev *Report) {
 	if !measured && prev.work.decode > 0 {
 		r.work.setDecode(prev.work.decode, prev.work.decodeAt)
 	}
-	// Only a measurement ages the floor. A worker idle between measurements has the speed it had, and a
-	// floor that aged while it stood idle priced it below what it can do, so it got nothing to measure
-	// again: at 24/s a 2x worker idle for a minute lost all its traffic and the 4x took 99%.
+	// Only a measurement ages the floor. A worker idle between measurements has the speed it had; a
+	// floor that aged while it stood idle would price it below what it can do, and it would get nothing
+	// to measure again.
 	kept := prev.work.aloneFloor
 	if gap := r.Received.Sub(prev.Received); gap > 0 && measured {
 		kept *= math.Exp2(-gap.Seconds() / decodeMemory.Seconds())
