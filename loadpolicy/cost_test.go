@@ -176,16 +176,22 @@ func TestCost(t *testing.T) {
 	}
 }
 
+// pollEverySecond follows prev with reports of r at seconds from to to, and returns the last.
+func pollEverySecond(prev *Report, from, to int, r Rank) *Report {
+	for i := from; i <= to; i++ {
+		rep := NewReport(time.Unix(int64(i), 0), "", []Rank{r})
+		rep.Follow(prev)
+		prev = rep
+	}
+	return prev
+}
+
 func TestDecodeFloorHalvesInTime(t *testing.T) {
 	// 400 tok/s at batch 2: 200 each, 206.25 alone at the reference halving of 32.
 	prev := NewReport(time.Unix(0, 0), "", []Rank{worker(2, 0, 0, 1000, 10000, 8, 400)})
 	// Ten polls a second apart read 50 at batch 4, windows that lag the batch: a minute's half-life
 	// keeps 2^(-10/60) of the best, whether it took one poll or ten to get there.
-	for i := 1; i <= 10; i++ {
-		rep := NewReport(time.Unix(int64(i), 0), "", []Rank{worker(4, 0, 0, 1000, 10000, 8, 50)})
-		rep.Follow(prev)
-		prev = rep
-	}
+	prev = pollEverySecond(prev, 1, 10, worker(4, 0, 0, 1000, 10000, 8, 50))
 	if got, want := prev.DecodeAloneTokensPerSec(), math.Exp2(-10.0/60)*206.25; math.Abs(got-want) > 1e-9 {
 		t.Errorf("floor after ten low polls %.3f tok/s, want %.3f", got, want)
 	}
@@ -195,14 +201,8 @@ func TestDecodeFloorHalvesInTime(t *testing.T) {
 // low last reading (a window that lagged the batch) becomes its price, and it is never sent to again.
 func TestDecodeFloorKeptWhileIdle(t *testing.T) {
 	prev := NewReport(time.Unix(0, 0), "", []Rank{worker(2, 0, 0, 1000, 10000, 8, 400)}) // 206.25 alone
-	low := NewReport(time.Unix(1, 0), "", []Rank{worker(4, 0, 0, 1000, 10000, 8, 50)})   // its last reading
-	low.Follow(prev)
-	prev = low
-	for i := 2; i <= 600; i++ { // ten minutes of idle polls, a second apart
-		rep := NewReport(time.Unix(int64(i), 0), "", []Rank{worker(0, 0, 0, 1000, 10000, 8, 0)})
-		rep.Follow(prev)
-		prev = rep
-	}
+	prev = pollEverySecond(prev, 1, 1, worker(4, 0, 0, 1000, 10000, 8, 50))              // its last reading
+	prev = pollEverySecond(prev, 2, 600, worker(0, 0, 0, 1000, 10000, 8, 0))             // ten idle minutes
 	if got, want := prev.DecodeAloneTokensPerSec(), math.Exp2(-1.0/60)*206.25; math.Abs(got-want) > 1e-9 {
 		t.Errorf("floor after ten idle minutes %.3f tok/s, want %.3f (aged by the low reading's second only)", got, want)
 	}
