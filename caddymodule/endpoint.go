@@ -260,7 +260,7 @@ type stampingFetcher struct {
 }
 
 // fleetSpeed is what a config's workers have reported of their decode speed: the cost model's
-// stand-ins for a worker not yet seen decoding. The fastest speed alone reported lately is optimistic
+// stand-ins for a worker not yet measured. The fastest speed alone reported lately is optimistic
 // on purpose: a worker priced at a slow stand-in would get no request, so never decode, so never be
 // measured. The decode to prefill ratio prices, instead, a worker whose prefill speed is measured.
 type fleetSpeed struct{ fastest, ratio atomic.Uint64 }

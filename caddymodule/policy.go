@@ -85,10 +85,10 @@ type Policy struct {
 
 	// Decode speed, in output tokens/s, of a request alone on a worker, that the cost metric assumes
 	// for a worker not yet measured (until three reports caught it decoding: gen_throughput with running
-	// requests, it is priced at no less than this). Default: the worker's
-	// measured prefill speed per rank times the fleet's ratio of decode speed alone to prefill speed
-	// per rank; for a worker without a prefill speed, the fastest that any worker has reported lately
-	// (so an unmeasured worker gets requests and is measured), or 50 before any has.
+	// requests, it is priced at no less than this). Default: the worker's measured prefill speed per
+	// rank times the fleet's ratio of decode speed alone to prefill speed per rank; for a worker without
+	// a prefill speed, the fastest that any worker has reported lately (so an unmeasured worker gets
+	// requests and is measured), or 50 before any has.
 	DecodeTokensPerSec float64 `json:"decode_tokens_per_sec,omitempty"`
 
 	// Route requests that share a prompt prefix (prefix: chat messages, a completion's prompt, /generate
