@@ -60,6 +60,7 @@ func qualityPolicies() []policy {
 		sglangLoad("sglang_load cost 10s halving 16", 10*time.Second, "metric cost", "decode_batch_halving 16"),
 		// The default prices a request alone; 1 adds the delay it brings the others in its batch.
 		sglangLoad("sglang_load cost 10s others 1", 10*time.Second, "metric cost", "delay_to_others 1"),
+		sglangLoad("sglang_load cost 1s others 1", time.Second, "metric cost", "delay_to_others 1"),
 	}
 }
 
