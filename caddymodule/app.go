@@ -65,9 +65,6 @@ type App struct {
 	sweepers  map[*Policy]struct{} // policies with dynamic upstreams to forget
 	stopSweep context.CancelFunc
 	sweepDone chan struct{}
-
-	// fleetSpeed is the fastest decode speed alone a worker has reported lately.
-	fleetSpeed fleetSpeed
 }
 
 // CaddyModule returns the Caddy module information.

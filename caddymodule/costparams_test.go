@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"math"
 	"testing"
 	"time"
@@ -55,13 +56,13 @@ func TestCostParamsFleetDecodeRatio(t *testing.T) {
 		return rep
 	}
 	// 400 tok/s at batch 2 is 206.25 alone at the reference halving; prefill 8000 tok/s: 206.25/8000.
-	app.fleetSpeed.note(report(400, 8000))
+	p.fleet.note(report(400, 8000))
 	first := 206.25 / 8000
 	if got := p.costParams().DecodePerPrefill; math.Abs(got-first) > 1e-12 {
 		t.Fatalf("after one report: ratio %v, want %v", got, first)
 	}
 	// A report at twice the ratio moves the mean a tenth of the way.
-	app.fleetSpeed.note(report(400, 4000))
+	p.fleet.note(report(400, 4000))
 	if got, want := p.costParams().DecodePerPrefill, first+(2*first-first)*fleetRatioWeight; math.Abs(got-want) > 1e-12 {
 		t.Errorf("after two reports: ratio %v, want %v", got, want)
 	}
@@ -74,5 +75,53 @@ func TestCostParamsFleetDecodeRatio(t *testing.T) {
 	}
 	if got := fixed.costParams(); got.DecodeTokensPerSec != 120 || got.DecodePerPrefill != 0 {
 		t.Errorf("with decode_tokens_per_sec 120: %v tok/s, ratio %v; want 120 and no ratio", got.DecodeTokensPerSec, got.DecodePerPrefill)
+	}
+}
+
+// Each policy prices its workers not yet measured from its own workers' speeds: two reverse_proxy
+// blocks may serve models a tenfold apart. A worker in both pools feeds both; one a policy let go feeds
+// it no more.
+func TestFleetSpeedPerPolicy(t *testing.T) {
+	measured := func(gen float64) *loadpolicy.Report {
+		r := loadpolicy.Rank{Running: 1, GenThroughput: gen, Fields: loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldGenThroughput}
+		return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{r})
+	}
+	small, large := &Policy{}, &Policy{}
+	smallOnly, largeOnly, both := &endpoint{state: new(sharedState)}, &endpoint{state: new(sharedState)}, &endpoint{state: new(sharedState)}
+	smallOnly.joinFleetLocked(&small.fleet)
+	largeOnly.joinFleetLocked(&large.fleet)
+	both.joinFleetLocked(&small.fleet)
+	both.joinFleetLocked(&large.fleet)
+	poll := func(ep *endpoint, rep *loadpolicy.Report) {
+		t.Helper()
+		if _, err := (stampingFetcher{Fetcher: fixedFetcher{rep}, ep: ep}).Fetch(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fastest := func(p *Policy) float64 { f, _ := p.fleet.load(); return f }
+
+	poll(smallOnly, measured(1000))
+	if got, want := fastest(small), measured(1000).DecodeAloneTokensPerSec(); got != want {
+		t.Errorf("small model's fleet: fastest %v, want %v", got, want)
+	}
+	if got := fastest(large); got != 0 {
+		t.Errorf("large model's fleet took a speed of the other pool's worker: %v", got)
+	}
+	poll(largeOnly, measured(80))
+	if got, want := fastest(large), measured(80).DecodeAloneTokensPerSec(); got != want {
+		t.Errorf("large model's fleet: fastest %v, want %v", got, want)
+	}
+	poll(both, measured(2000))
+	if got, want := fastest(large), measured(2000).DecodeAloneTokensPerSec(); got != want {
+		t.Errorf("a worker in both pools: large model's fastest %v, want %v", got, want)
+	}
+	if got, want := fastest(small), measured(2000).DecodeAloneTokensPerSec(); got != want {
+		t.Errorf("a worker in both pools: small model's fastest %v, want %v", got, want)
+	}
+	both.leaveFleetLocked(&large.fleet)
+	before := fastest(large)
+	poll(both, measured(4000))
+	if got := fastest(large); got != before {
+		t.Errorf("after the large pool let the worker go: fastest %v, want %v unchanged", got, before)
 	}
 }

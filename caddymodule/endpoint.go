@@ -157,6 +157,39 @@ type endpoint struct {
 	// affinity lists the affinity indexes that know this endpoint's upstream, for the admin view.
 	affinityMu sync.Mutex
 	affinity   []indexedWorker
+
+	// fleetRefs counts the registrations of each policy's fleet figures (guarded by App.mu); fleets is
+	// its keys, which every report is noted in.
+	fleetRefs map[*fleetSpeed]int
+	fleets    atomic.Pointer[[]*fleetSpeed]
+}
+
+// joinFleetLocked counts one more registration of f; App.mu must be held.
+func (ep *endpoint) joinFleetLocked(f *fleetSpeed) {
+	if f == nil {
+		return
+	}
+	if ep.fleetRefs == nil {
+		ep.fleetRefs = make(map[*fleetSpeed]int)
+	}
+	ep.fleetRefs[f]++
+	ep.publishFleetsLocked()
+}
+
+// leaveFleetLocked drops a registration of f; App.mu must be held.
+func (ep *endpoint) leaveFleetLocked(f *fleetSpeed) {
+	if f == nil {
+		return
+	}
+	if ep.fleetRefs[f]--; ep.fleetRefs[f] <= 0 {
+		delete(ep.fleetRefs, f)
+	}
+	ep.publishFleetsLocked()
+}
+
+func (ep *endpoint) publishFleetsLocked() {
+	fs := slices.Collect(maps.Keys(ep.fleetRefs))
+	ep.fleets.Store(&fs)
 }
 
 type indexedWorker struct {
@@ -255,12 +288,12 @@ func (ep *endpoint) markSeen(ms int64) {
 // worker when the worker measured its load; Select counts only the requests started since.
 type stampingFetcher struct {
 	monitor.Fetcher
-	ep    *endpoint
-	fleet *fleetSpeed
+	ep *endpoint
 }
 
-// fleetSpeed is what a config's workers have reported of their decode speed: the cost model's
-// stand-ins for a worker not yet measured. The fastest speed alone reported lately is optimistic
+// fleetSpeed is what a policy's workers have reported of their decode speed: the cost model's
+// stand-ins for a worker not yet measured. One per policy: two reverse_proxy blocks may serve models
+// whose speeds differ tenfold. The fastest speed alone reported lately is optimistic
 // on purpose: a worker priced at a slow stand-in would get no request, so never decode, so never be
 // measured. The decode to prefill ratio prices, instead, a worker whose prefill speed is measured.
 type fleetSpeed struct{ fastest, ratio atomic.Uint64 }
@@ -309,8 +342,10 @@ func (f stampingFetcher) Fetch(ctx context.Context) (*loadpolicy.Report, error) 
 		if prev := f.ep.state.Load(); prev != nil {
 			rep.Follow(prev.Report)
 		}
-		if f.fleet != nil {
-			f.fleet.note(rep)
+		if fs := f.ep.fleets.Load(); fs != nil {
+			for _, fleet := range *fs {
+				fleet.note(rep)
+			}
 		}
 		// The worker measured somewhere between the two readings; the smaller one does not undercount
 		// requests it could not have seen yet.
@@ -331,7 +366,7 @@ func (f stampingFetcher) Close() error {
 
 // register adds a reference to the endpoint spec describes for the upstream dialled at dial, creating
 // and scheduling it on first use.
-func (a *App) register(spec endpointSpec, dial string) (*endpoint, error) {
+func (a *App) register(spec endpointSpec, dial string, fleet *fleetSpeed) (*endpoint, error) {
 	if spec.interval <= 0 {
 		spec.interval = a.interval
 	}
@@ -341,6 +376,7 @@ func (a *App) register(spec endpointSpec, dial string) (*endpoint, error) {
 	if ep, ok := a.endpoints[key]; ok {
 		ep.refs++
 		ep.upstreams[dial]++
+		ep.joinFleetLocked(fleet)
 		if int64(spec.interval) < ep.interval.Load() {
 			ep.setInterval(a, spec.interval)
 			a.monitor.SetInterval(key, spec.interval)
@@ -357,8 +393,9 @@ func (a *App) register(spec endpointSpec, dial string) (*endpoint, error) {
 		return nil, err
 	}
 	ep := &endpoint{key: key, spec: spec, state: val.(*sharedState), refs: 1, upstreams: map[string]int{dial: 1}}
+	ep.joinFleetLocked(fleet)
 	ep.setInterval(a, spec.interval)
-	stamped := stampingFetcher{Fetcher: fetcher, ep: ep, fleet: &a.fleetSpeed}
+	stamped := stampingFetcher{Fetcher: fetcher, ep: ep}
 	err = a.monitor.Add(monitor.Target{
 		Key:       key,
 		Fetcher:   stamped,
@@ -385,7 +422,7 @@ func (ep *endpoint) setInterval(a *App, d time.Duration) {
 }
 
 // unregister drops the reference register took for dial; the last one stops polling the endpoint.
-func (a *App) unregister(ep *endpoint, dial string) {
+func (a *App) unregister(ep *endpoint, dial string, fleet *fleetSpeed) {
 	a.mu.Lock()
 	cur, ok := a.endpoints[ep.key]
 	if !ok || cur != ep {
@@ -393,6 +430,7 @@ func (a *App) unregister(ep *endpoint, dial string) {
 		return
 	}
 	ep.refs--
+	ep.leaveFleetLocked(fleet)
 	if ep.upstreams[dial]--; ep.upstreams[dial] <= 0 {
 		delete(ep.upstreams, dial)
 	}

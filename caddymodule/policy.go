@@ -88,7 +88,7 @@ type Policy struct {
 	// requests, it is priced at no less than this). Default: the worker's measured prefill speed per
 	// rank times the fleet's ratio of decode speed alone to prefill speed per rank; for a worker without
 	// a prefill speed, the fastest that any worker has reported lately (so an unmeasured worker gets
-	// requests and is measured), or 50 before any has.
+	// requests and is measured), or 50 before any has. The fleet is this policy's upstreams.
 	DecodeTokensPerSec float64 `json:"decode_tokens_per_sec,omitempty"`
 
 	// Route requests that share a prompt prefix (prefix: chat messages, a completion's prompt, /generate
@@ -142,6 +142,7 @@ type Policy struct {
 	affinityIndex *affinity.Index
 	workers       atomic.Pointer[map[string]affinity.Worker]
 	meanOut       atomic.Uint64 // float64 bits: mean output tokens of recent requests, for the cost model
+	fleet         fleetSpeed    // what this policy's workers reported of their speeds
 	// meanPrompt and meanPromptSq are float64 bits: the mean uncached prompt tokens of recent requests
 	// and the mean of their squares, for the cost model's prefill queueing.
 	meanPrompt, meanPromptSq atomic.Uint64
@@ -368,7 +369,7 @@ func (p *Policy) costParams() loadpolicy.CostParams {
 		params.ResidualPromptTokens = math.Float64frombits(p.meanPromptSq.Load()) / (2 * mean)
 	}
 	if p.DecodeTokensPerSec == 0 && p.app != nil {
-		fastest, ratio := p.app.fleetSpeed.load()
+		fastest, ratio := p.fleet.load()
 		params.DecodeTokensPerSec, params.DecodePerPrefill = max(params.DecodeTokensPerSec, fastest), ratio
 	}
 	return params
@@ -413,9 +414,12 @@ func (p *Policy) register(dial string, late bool) (*endpoint, error) {
 		return nil, err
 	}
 	spec.address = addr
-	ep, err := p.app.register(spec, dial)
+	ep, err := p.app.register(spec, dial, &p.fleet)
 	if err != nil {
 		return nil, err
+	}
+	if st := ep.state.Load(); st != nil && st.Report != nil {
+		p.fleet.note(st.Report) // a worker another config measured: its speed is known before our first poll
 	}
 	if late {
 		ep.markSeen(clock.Now().UnixMilli())
@@ -543,7 +547,7 @@ func (p *Policy) sweep(now time.Time) {
 	p.mu.Unlock()
 	for _, dial := range gone {
 		if ep := cur[dial]; ep != nil {
-			p.app.unregister(ep, dial)
+			p.app.unregister(ep, dial, &p.fleet)
 			p.logger.Info("forgetting upstream that left the pool", zap.String("upstream", dial),
 				zap.String("endpoint", ep.key), zap.Duration("unseen_for", now.Sub(time.UnixMilli(ep.seen.Load())).Round(time.Millisecond)))
 		}
@@ -566,7 +570,7 @@ func (p *Policy) Cleanup() error {
 	p.mu.Unlock()
 	if eps != nil {
 		for dial, ep := range *eps {
-			p.app.unregister(ep, dial)
+			p.app.unregister(ep, dial, &p.fleet)
 		}
 	}
 	return nil
