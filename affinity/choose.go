@@ -32,6 +32,10 @@ type Key struct {
 	BlockTokens int64
 	// PromptTokens caps the cached tokens credited to a worker; 0 for no cap.
 	PromptTokens int64
+	// Session says that the key names a conversation, which will send again: its first request is
+	// compared as its later ones are, by stretch, so that it starts where they will go. A prefix key's
+	// first request may be a one-off prompt, and is placed where it finishes first.
+	Session bool
 }
 
 // Candidates are the upstreams a request may go to, as the caller sees them.
@@ -90,7 +94,8 @@ type Choice struct {
 // A key this index has not seen sent anywhere at least half as deep as its prompt (the share the
 // SGLang gateway's cache_threshold asks for) is New: it goes where it costs the least seconds, its home
 // credited with the first RendezvousBlocks blocks only, so prompts that share nothing are routed on
-// load and a near tie goes where the key's next requests will.
+// load and a near tie goes where the key's next requests will. A new Session key is compared by stretch,
+// as a known key is: the conversation starts at its home unless load says otherwise.
 //
 // A key known to be shared goes to its home unless load says otherwise. The home is the first worker
 // within the bound in the weighted rendezvous order of the key's first RendezvousBlocks blocks (a
@@ -197,7 +202,7 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		if !ok {
 			continue
 		}
-		if shared {
+		if shared || key.Session {
 			if alone := c.Alone(i); alone > 0 && !math.IsInf(alone, 0) {
 				score /= alone // stretch
 			}

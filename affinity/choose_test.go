@@ -355,3 +355,53 @@ func BenchmarkChoose(b *testing.B) {
 		}
 	}
 }
+
+// speedFleet is an idle fleet of workers of different speeds: a request prefills and decodes speed
+// times faster on a worker of speed speed, after the queue ahead.
+type speedFleet struct {
+	fleet
+	speed []float64
+}
+
+func (f *speedFleet) Alone(i int) float64 { return (float64(f.prompt)/f.prefill + 1) / f.speed[i] }
+func (f *speedFleet) Cost(i int, cached int64) (float64, bool) {
+	return f.queue[i] + (float64(f.prompt-cached)/f.prefill+1)/f.speed[i], true
+}
+
+// A conversation's first request starts at its home, where its later ones will go, although a faster
+// worker would finish it first; a prefix key's first request may be a one-off, and goes to the faster.
+// A swamped home still loses it.
+func TestChooseNewSessionStartsAtHome(t *testing.T) {
+	x := NewIndex(0)
+	f := &speedFleet{fleet: *newFleet(x, 3), speed: []float64{1, 4, 4}}
+	// A session whose home is the slow worker 0.
+	var key Key
+	for id := range 1000 {
+		blocks := HeaderKey(fmt.Sprint("session-", id), nil)
+		home, best := -1, 0.0
+		for i, w := range f.workers {
+			if s := 1 / -math.Log(uniform(blocks[0], w.Hash)); s > best {
+				home, best = i, s
+			}
+		}
+		if home == 0 {
+			key = Key{Blocks: blocks, BlockTokens: f.prompt, PromptTokens: f.prompt, Session: true}
+			break
+		}
+	}
+	if key.Blocks == nil {
+		t.Fatal("no session of 1000 has its home on worker 0")
+	}
+	if got := x.Choose(key, f, 0); got.Index != 0 || got.Outcome != New {
+		t.Errorf("new session: %+v; want its home 0, new", got)
+	}
+	oneOff := key
+	oneOff.Session = false
+	if got := x.Choose(oneOff, f, 0); got.Index == 0 || got.Outcome != New {
+		t.Errorf("new prefix key with the same home: %+v; want a faster worker, new", got)
+	}
+	f.queue[0] = 10
+	if got := x.Choose(key, f, 0); got.Index == 0 {
+		t.Errorf("new session with its home swamped: %+v; want another worker", got)
+	}
+}

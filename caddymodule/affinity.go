@@ -70,7 +70,7 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 		// A session's earlier turns are cached where it went: all of this prompt but its new message,
 		// which the model cannot know, so the whole prompt is credited.
 		blocks := affinity.HeaderKey(r.Header.Get(p.AffinityHeader), st.blocks[:0])
-		st.key = affinity.Key{Blocks: blocks, BlockTokens: st.size.PromptTokens, PromptTokens: st.size.PromptTokens}
+		st.key = affinity.Key{Blocks: blocks, BlockTokens: st.size.PromptTokens, PromptTokens: st.size.PromptTokens, Session: true}
 	}
 	caddyhttp.SetVar(r.Context(), requestStateVar, st)
 	return st

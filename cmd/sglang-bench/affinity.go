@@ -17,8 +17,15 @@ type affinityOptions struct {
 	option    string // on, off, auto
 }
 
-// affinityLB is the lb_policy of the sglang_load affinity row.
-const affinityLB = "lb_policy sglang_load {\n\t\t\taffinity prefix\n\t\t}"
+// affinityLB is the lb_policy of the sglang_load affinity row, and headerLB of the session header's.
+const (
+	affinityLB = "lb_policy sglang_load {\n\t\t\taffinity prefix\n\t\t}"
+	headerLB   = "lb_policy sglang_load {\n\t\t\taffinity header " + sessionHeader + "\n\t\t}"
+)
+
+// sessionHeader names a request's conversation in the sessions workload, as a chat front end sends one;
+// the other workloads send none, so the header row routes them on cost alone.
+const sessionHeader = "X-Session-ID"
 
 // affinityPolicies are the rows of the affinity table; withAffinity adds sglang_load's own affinity.
 func affinityPolicies(withAffinity bool) []policy {
@@ -28,7 +35,8 @@ func affinityPolicies(withAffinity bool) []policy {
 		{name: "sglang_load", lb: "lb_policy sglang_load", interval: 10 * time.Second},
 	}
 	if withAffinity {
-		ps = append(ps, policy{name: "sglang_load affinity prefix", lb: affinityLB, interval: 10 * time.Second})
+		ps = append(ps, policy{name: "sglang_load affinity prefix", lb: affinityLB, interval: 10 * time.Second},
+			policy{name: "sglang_load affinity header", lb: headerLB, interval: 10 * time.Second})
 	}
 	return append(ps,
 		policy{name: "cache_aware (re-impl.)", router: newCacheAware},

@@ -232,6 +232,9 @@ func (a *arm) send(ctx context.Context, j job, msgs []message, wantText bool) (s
 		return s, ""
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if j.session != "" {
+		req.Header.Set(sessionHeader, j.session)
+	}
 	s.start = time.Now()
 	resp, err := a.client.Do(req)
 	if err != nil {

@@ -35,6 +35,7 @@ type job struct {
 	pick         float64   // uniform [0,1): which Caddy instance (or router instance) takes it
 	group        int       // shared-prefix group or session; -1 when none
 	turn         int       // session turn, from 0
+	session      string    // the session header's value (sessionHeader); empty outside sessions
 }
 
 // words of exactly bytesPerToken bytes, so text of n words is n tokens in the simulator's measure.
@@ -145,7 +146,7 @@ func sessionWorkload(seed int64, rate float64, s sessionShape) []job {
 				at = time.Duration(rnd.ExpFloat64() * float64(s.thinkTime))
 			}
 			jobs = append(jobs, job{index: len(jobs), at: at, stream: true, maxTokens: s.outputTokens, group: g, turn: t,
-				pick: rnd.Float64(), messages: []message{{"user", content}}})
+				pick: rnd.Float64(), messages: []message{{"user", content}}, session: fmt.Sprintf("%d-%d", seed, g)})
 		}
 	}
 	return jobs
