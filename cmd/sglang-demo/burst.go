@@ -26,11 +26,17 @@ const (
 	longOutMin, longOutMax         = 256, 768
 )
 
+// systemPromptTokens is the size of each shared system prompt (-shared-prompts).
+const systemPromptTokens = 2048
+
 // spec is one request of the burst. The simulator takes the prompt size from prompt_tokens and
-// answers exactly maxTokens tokens of 4 bytes each.
+// answers exactly maxTokens tokens of 4 bytes each; a request with a system prompt (group >= 0) sends
+// its prompt as text instead, so that the workers' prefix caches see what it shares.
 type spec struct {
 	long, stream      bool
 	prompt, maxTokens int
+	group             int // the shared system prompt, -1 for none
+	index             int
 }
 
 // result is how one request went.
@@ -42,8 +48,8 @@ type result struct {
 }
 
 // plan draws n requests from seed: round(n × longFrac) long ones and round(n × streamFrac) streamed
-// ones, at random places.
-func plan(n int, longFrac, streamFrac float64, seed uint64) []spec {
+// ones, at random places; with groups > 0, each shares one of that many system prompts.
+func plan(n int, longFrac, streamFrac float64, groups int, seed uint64) []spec {
 	r := rand.New(rand.NewPCG(seed, seed))
 	between := func(lo, hi int) int { return lo + r.IntN(hi-lo+1) }
 	specs := make([]spec, n)
@@ -59,6 +65,12 @@ func plan(n int, longFrac, streamFrac float64, seed uint64) []spec {
 			s.prompt, s.maxTokens = between(longPromptMin, longPromptMax), between(longOutMin, longOutMax)
 		} else {
 			s.prompt, s.maxTokens = between(shortPromptMin, shortPromptMax), between(shortOutMin, shortOutMax)
+		}
+		s.group, s.index = -1, i
+	}
+	if groups > 0 {
+		for i := range specs {
+			specs[i].group = r.IntN(groups)
 		}
 	}
 	return specs
@@ -117,13 +129,21 @@ func send(ctx context.Context, client *http.Client, url string, s spec) result {
 	if !s.long {
 		content = "Say hello."
 	}
-	body, _ := json.Marshal(map[string]any{
+	request := map[string]any{
 		"model":         "sglang-sim",
 		"messages":      []map[string]string{{"role": "user", "content": content}},
 		"max_tokens":    s.maxTokens,
 		"prompt_tokens": s.prompt, // the simulator's override of the prompt size
 		"stream":        s.stream,
-	})
+	}
+	if s.group >= 0 {
+		delete(request, "prompt_tokens")
+		request["messages"] = []map[string]string{
+			{"role": "system", "content": systemPrompt(s.group)},
+			{"role": "user", "content": fmt.Sprintf("Request %d: %s", s.index, content)},
+		}
+	}
+	body, _ := json.Marshal(request)
 	start := time.Now()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
@@ -184,4 +204,17 @@ func readStream(r io.Reader) (int, error) {
 		return n, err
 	}
 	return n, errors.New("stream ended without [DONE]")
+}
+
+// systemPrompt is shared system prompt g: systemPromptTokens tokens of 4 bytes (the simulator's
+// measure), different from the first block on.
+func systemPrompt(g int) string {
+	words := [...]string{" you", " are", " a", " careful", " helper", " who", " answers", " in", " plain", " words"}
+	var b strings.Builder
+	fmt.Fprintf(&b, "Assistant %04d.", g)
+	r := rand.New(rand.NewPCG(uint64(g), 0x5157))
+	for b.Len() < 4*systemPromptTokens {
+		b.WriteString(words[r.IntN(len(words))])
+	}
+	return b.String()[:4*systemPromptTokens]
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -39,4 +40,30 @@ func movePorts(caddyfile string, moves map[string]string) (string, error) {
 		return "", fmt.Errorf("config has no address %s to move", strings.Join(missing, ", "))
 	}
 	return strings.Join(lines, "\n"), nil
+}
+
+// withAffinity turns on prefix affinity in the Caddyfile's `lb_policy sglang_load` block: it adds
+// `affinity prefix` as the block's first line and drops its `metric` line, since affinity prices
+// requests with the cost metric.
+func withAffinity(caddyfile string) (string, error) {
+	lines := strings.Split(caddyfile, "\n")
+	for i, line := range lines {
+		code, _, _ := strings.Cut(line, "#")
+		if strings.Join(strings.Fields(code), " ") != "lb_policy sglang_load {" {
+			continue
+		}
+		indent := line[:len(line)-len(strings.TrimLeft(line, " \t"))]
+		out := append(slices.Clone(lines[:i+1]), indent+"\taffinity prefix")
+		depth, j := 1, i+1
+		for ; j < len(lines) && depth > 0; j++ {
+			code, _, _ := strings.Cut(lines[j], "#")
+			depth += strings.Count(code, "{") - strings.Count(code, "}")
+			if f := strings.Fields(code); depth == 1 && len(f) > 0 && f[0] == "metric" {
+				continue
+			}
+			out = append(out, lines[j])
+		}
+		return strings.Join(append(out, lines[j:]...), "\n"), nil
+	}
+	return "", errors.New("no `lb_policy sglang_load {` block to turn affinity on in")
 }

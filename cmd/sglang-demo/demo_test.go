@@ -38,13 +38,42 @@ func TestMovePorts(t *testing.T) {
 	}
 }
 
+// The rewrite that -affinity makes: affinity prefix first in the sglang_load block, its metric line
+// gone (affinity prices with the cost metric), the rest of the file as it was.
+func TestWithAffinity(t *testing.T) {
+	in := ":8080 {\n\treverse_proxy a b {\n\t\tlb_policy sglang_load {\n\t\t\t# metric: what to compare\n\t\t\tmetric auto\n" +
+		"\t\t\tchoose power_of_two\n\t\t}\n\t\tflush_interval -1\n\t\ttransport http {\n\t\t\tread_timeout 10m\n\t\t}\n\t}\n}\n"
+	got, err := withAffinity(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ":8080 {\n\treverse_proxy a b {\n\t\tlb_policy sglang_load {\n\t\t\taffinity prefix\n\t\t\t# metric: what to compare\n" +
+		"\t\t\tchoose power_of_two\n\t\t}\n\t\tflush_interval -1\n\t\ttransport http {\n\t\t\tread_timeout 10m\n\t\t}\n\t}\n}\n"
+	if got != want {
+		t.Fatalf("got\n%s\nwant\n%s", got, want)
+	}
+	if _, err := withAffinity(":8080 {\n\treverse_proxy a b {\n\t\tlb_policy least_conn\n\t}\n}\n"); err == nil {
+		t.Error("a Caddyfile without an sglang_load block: no error")
+	}
+	example, err := os.ReadFile("../../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := withAffinity(string(example)); err != nil || !strings.Contains(got, "\t\t\taffinity prefix\n") {
+		t.Errorf("Caddyfile.example: %v", err)
+	}
+}
+
 func TestParseFlags(t *testing.T) {
 	o, err := parseFlags([]string{"-capacity", "1000, 2000,3000", "-decode-speed", "50,100,150.5", "-worker-port", "41000"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.capacities[1] != 2000 || o.speeds[2] != 150.5 || o.workerAddr(2) != "127.0.0.1:41002" || o.requests != 200 {
+	if o.capacities[1] != 2000 || o.speeds[2] != 150.5 || o.workerAddr(2) != "127.0.0.1:41002" || o.requests != 200 || o.sharedPrompts != 0 {
 		t.Fatalf("%+v", o)
+	}
+	if o, err := parseFlags([]string{"-affinity"}, io.Discard); err != nil || !o.affinity || o.sharedPrompts != 32 {
+		t.Fatalf("-affinity: %+v, %v; want affinity on over 32 shared prompts", o, err)
 	}
 	for _, args := range [][]string{
 		{"-requests", "0"},
@@ -58,6 +87,7 @@ func TestParseFlags(t *testing.T) {
 		{"-admin-port", "8080"},
 		{"-worker-port", "65534"},
 		{"-grace", "0s"},
+		{"-shared-prompts", "-1"},
 		{"extra"},
 	} {
 		if _, err := parseFlags(args, io.Discard); err == nil {
@@ -67,7 +97,7 @@ func TestParseFlags(t *testing.T) {
 }
 
 func TestPlan(t *testing.T) {
-	specs := plan(50, 0.2, 0.3, 7)
+	specs := plan(50, 0.2, 0.3, 0, 7)
 	var long, stream int
 	for _, s := range specs {
 		if s.long {
@@ -82,6 +112,19 @@ func TestPlan(t *testing.T) {
 	}
 	if long != 10 || stream != 15 {
 		t.Fatalf("%d long, %d streamed of 50; want 10 and 15", long, stream)
+	}
+	groups := map[int]int{}
+	for i, s := range plan(50, 0.2, 0.3, 4, 7) {
+		if s != (spec{specs[i].long, specs[i].stream, specs[i].prompt, specs[i].maxTokens, s.group, i}) {
+			t.Fatalf("with shared prompts, request %d is %+v; want %+v but for its group", i, s, specs[i])
+		}
+		groups[s.group]++
+	}
+	if len(groups) != 4 || groups[-1] != 0 {
+		t.Errorf("requests per shared prompt %v; want four prompts, all used", groups)
+	}
+	if a, b := systemPrompt(1), systemPrompt(2); len(a) != 4*systemPromptTokens || a[:64] == b[:64] {
+		t.Errorf("system prompts: %d bytes, first blocks %q and %q; want %d bytes, distinct from the start", len(a), a[:64], b[:64], 4*systemPromptTokens)
 	}
 }
 
@@ -145,6 +188,34 @@ func TestDemo(t *testing.T) {
 		}
 		if left, _ := os.ReadDir(tmp); len(left) > 0 {
 			t.Errorf("the demo left %d files in its temp dir", len(left))
+		}
+	})
+
+	// -affinity end to end: Caddy runs the rewritten Caddyfile, every request succeeds, and the table
+	// shows the prefix cache at work. Whether affinity beats load alone is the benchmark's to say.
+	t.Run("affinity", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+		defer cancel()
+		cmd, _ := demoCommand(t, ctx, bin, "-requests", "40", "-concurrency", "4", "-affinity", "-shared-prompts", "4")
+		out, err := cmd.CombinedOutput()
+		t.Logf("demo output:\n%s", out)
+		if err != nil {
+			t.Fatalf("demo: %v", err)
+		}
+		assertNoSurvivors(t, bin)
+		text := string(out)
+		if !strings.Contains(text, "40 ok, 0 failed") {
+			t.Errorf("not every request succeeded")
+		}
+		all := tableRow(text, "all")
+		if all == nil {
+			t.Fatal("no total row")
+		}
+		// 4 prompts of 2,048 tokens among 40 requests, 4 at a time: even a prompt missed once on
+		// every worker leaves most of the burst's prompt tokens cached.
+		share, err := strconv.Atoi(strings.TrimSuffix(all[len(all)-1], "%"))
+		if err != nil || share < 50 {
+			t.Errorf("prompt tokens cached over the fleet: %q, want at least 50%%", all[len(all)-1])
 		}
 	})
 

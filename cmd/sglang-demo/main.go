@@ -58,6 +58,8 @@ type options struct {
 	capacities                      []int
 	speeds                          []float64
 	readyTimeout, timeout, grace    time.Duration
+	affinity                        bool // turn on affinity prefix in the Caddyfile
+	sharedPrompts                   int  // system prompts the requests share; 0: none
 }
 
 func parseFlags(args []string, output io.Writer) (options, error) {
@@ -85,11 +87,16 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", 30*time.Second, "how long the workers and Caddy may take to start")
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "deadline of the burst")
 	fs.DurationVar(&o.grace, "grace", 5*time.Second, "on shutdown, how long a process may take after SIGTERM before SIGKILL")
+	fs.BoolVar(&o.affinity, "affinity", false, "turn on `affinity prefix` in the Caddyfile's lb_policy sglang_load block (its metric line dropped: affinity prices with the cost metric); requests share 32 system prompts unless -shared-prompts says otherwise")
+	fs.IntVar(&o.sharedPrompts, "shared-prompts", 0, fmt.Sprintf("requests share one of this many system prompts of %d tokens, sent as text so the workers' prefix caches can hit (0: none)", systemPromptTokens))
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if o.affinity && o.sharedPrompts == 0 {
+		o.sharedPrompts = 32 // more than a worker's cache holds: load alone would spread and evict them
 	}
 	var err error
 	if o.capacities, err = parseList(*capacity, "-capacity", strconv.Atoi); err != nil {
@@ -104,6 +111,8 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		return o, fmt.Errorf("invalid -requests %d: want at least 1", o.requests)
 	case o.concurrency < 1:
 		return o, fmt.Errorf("invalid -concurrency %d: want at least 1", o.concurrency)
+	case o.sharedPrompts < 0:
+		return o, fmt.Errorf("invalid -shared-prompts %d: want 0 or more", o.sharedPrompts)
 	case !(o.longFrac >= 0 && o.longFrac <= 1):
 		return o, fmt.Errorf("invalid -long %v: want a fraction in [0, 1]", o.longFrac)
 	case !(o.streamFrac >= 0 && o.streamFrac <= 1):
@@ -167,6 +176,11 @@ func (o options) caddyfile(dir string) (string, error) {
 	moved, err := movePorts(string(b), moves)
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", o.config, err)
+	}
+	if o.affinity {
+		if moved, err = withAffinity(moved); err != nil {
+			return "", fmt.Errorf("%s: %w", o.config, err)
+		}
 	}
 	if moved == string(b) {
 		return o.config, nil
@@ -239,7 +253,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	}
 	fmt.Fprintf(stdout, "  caddy  %s -> the 3 workers, admin API %s; all ready in %.1fs\n\n", proxy, admin, time.Since(start).Seconds())
 
-	specs := plan(o.requests, o.longFrac, o.streamFrac, o.seed)
+	specs := plan(o.requests, o.longFrac, o.streamFrac, o.sharedPrompts, o.seed)
 	var long, streamed int
 	for _, s := range specs {
 		long += b2i(s.long)

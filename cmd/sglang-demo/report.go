@@ -93,17 +93,20 @@ type workerRow struct {
 // printTable writes one row per worker and a total.
 func printTable(w io.Writer, rows []*workerRow, unknown int) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "worker\tKV pool\tdecode\trequests\tlong\tp50\tp99\tpeak KV use\tserved")
+	fmt.Fprintln(tw, "worker\tKV pool\tdecode\trequests\tlong\tp50\tp99\tpeak KV use\tserved\tprompt cached")
 	var total, long int
 	var all []time.Duration
+	var cached, prompt int64
 	for _, r := range rows {
-		peak, served := "?", "?"
+		peak, served, hit := "?", "?", "?"
 		if r.statsErr == nil {
 			peak = fmt.Sprintf("%d (%.0f%%)", r.stats.PeakUsedTokens, 100*r.stats.PeakTokenUsage)
 			served = fmt.Sprint(r.stats.Served)
+			hit = cachedShare(r.stats.CachedTokens, r.stats.CachedTokens+r.stats.PrefilledTokens)
+			cached, prompt = cached+r.stats.CachedTokens, prompt+r.stats.CachedTokens+r.stats.PrefilledTokens
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%g tok/s\t%d\t%d\t%s\t%s\t%s\t%s\n", r.addr, r.capacity, r.decode, r.requests, r.long,
-			percentile(r.latencies, 0.50), percentile(r.latencies, 0.99), peak, served)
+		fmt.Fprintf(tw, "%s\t%d\t%g tok/s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", r.addr, r.capacity, r.decode, r.requests, r.long,
+			percentile(r.latencies, 0.50), percentile(r.latencies, 0.99), peak, served, hit)
 		total += r.requests
 		long += r.long
 		all = append(all, r.latencies...)
@@ -111,7 +114,8 @@ func printTable(w io.Writer, rows []*workerRow, unknown int) {
 	if unknown > 0 {
 		fmt.Fprintf(tw, "(no X-Upstream header)\t\t\t%d\n", unknown)
 	}
-	fmt.Fprintf(tw, "all\t\t\t%d\t%d\t%s\t%s\n", total+unknown, long, percentile(all, 0.50), percentile(all, 0.99))
+	fmt.Fprintf(tw, "all\t\t\t%d\t%d\t%s\t%s\t\t\t%s\n", total+unknown, long, percentile(all, 0.50), percentile(all, 0.99),
+		cachedShare(cached, prompt))
 	tw.Flush()
 }
 
@@ -250,4 +254,12 @@ func printAdmin(ctx context.Context, w io.Writer, client *http.Client, admin str
 		fmt.Fprintf(tw, "  %s\t%d\t%d\n", u.Address, u.NumRequests, u.Fails)
 	}
 	tw.Flush()
+}
+
+// cachedShare is the share of prompt tokens the prefix cache covered, for the table.
+func cachedShare(cached, prompt int64) string {
+	if prompt <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f%%", 100*float64(cached)/float64(prompt))
 }
