@@ -166,9 +166,6 @@ type endpoint struct {
 
 // joinFleetLocked counts one more registration of f; App.mu must be held.
 func (ep *endpoint) joinFleetLocked(f *fleetSpeed) {
-	if f == nil {
-		return
-	}
 	if ep.fleetRefs == nil {
 		ep.fleetRefs = make(map[*fleetSpeed]int)
 	}
@@ -178,9 +175,6 @@ func (ep *endpoint) joinFleetLocked(f *fleetSpeed) {
 
 // leaveFleetLocked drops a registration of f; App.mu must be held.
 func (ep *endpoint) leaveFleetLocked(f *fleetSpeed) {
-	if f == nil {
-		return
-	}
 	if ep.fleetRefs[f]--; ep.fleetRefs[f] <= 0 {
 		delete(ep.fleetRefs, f)
 	}

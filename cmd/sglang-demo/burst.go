@@ -68,7 +68,7 @@ func plan(n int, longFrac, streamFrac float64, groups int, seed uint64) []spec {
 		}
 		s.group, s.index = -1, i
 	}
-	if groups > 0 {
+	if groups > 0 { // drawn after the sizes, so that a seed's sizes do not depend on -shared-prompts
 		for i := range specs {
 			specs[i].group = r.IntN(groups)
 		}

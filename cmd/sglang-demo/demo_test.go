@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -150,17 +151,7 @@ func TestDemo(t *testing.T) {
 	t.Run("run", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 		defer cancel()
-		cmd, tmp := demoCommand(t, ctx, bin, "-requests", "30", "-concurrency", "8")
-		out, err := cmd.CombinedOutput()
-		t.Logf("demo output:\n%s", out)
-		if err != nil {
-			t.Fatalf("demo: %v", err)
-		}
-		assertNoSurvivors(t, bin)
-		text := string(out)
-		if !strings.Contains(text, "30 ok, 0 failed") {
-			t.Errorf("not every request succeeded")
-		}
+		cmd, tmp, text := runDemo(t, ctx, bin, 30, "-concurrency", "8")
 		// The table: a header and one row per worker, whose request counts add up to the burst.
 		if !strings.Contains(text, "\nworker  ") || !strings.Contains(text, "peak KV use") {
 			t.Errorf("no table header")
@@ -196,17 +187,7 @@ func TestDemo(t *testing.T) {
 	t.Run("affinity", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 		defer cancel()
-		cmd, _ := demoCommand(t, ctx, bin, "-requests", "40", "-concurrency", "4", "-affinity", "-shared-prompts", "4")
-		out, err := cmd.CombinedOutput()
-		t.Logf("demo output:\n%s", out)
-		if err != nil {
-			t.Fatalf("demo: %v", err)
-		}
-		assertNoSurvivors(t, bin)
-		text := string(out)
-		if !strings.Contains(text, "40 ok, 0 failed") {
-			t.Errorf("not every request succeeded")
-		}
+		_, _, text := runDemo(t, ctx, bin, 40, "-concurrency", "4", "-affinity", "-shared-prompts", "4")
 		all := tableRow(text, "all")
 		if all == nil {
 			t.Fatal("no total row")
@@ -429,6 +410,25 @@ func workerAddrOf(cmd *exec.Cmd, i int) string {
 }
 
 // tableRow returns the fields of the worker table's row for addr (the admin view's rows are indented).
+// runDemo runs the demo with a burst of requests and the other flags to its end, and checks that it
+// exited 0, left no process behind and had every request succeed; it returns the command, its temp
+// dir and its output.
+func runDemo(t *testing.T, ctx context.Context, bin string, requests int, flags ...string) (*exec.Cmd, string, string) {
+	t.Helper()
+	cmd, tmp := demoCommand(t, ctx, bin, append([]string{"-requests", strconv.Itoa(requests)}, flags...)...)
+	out, err := cmd.CombinedOutput()
+	t.Logf("demo output:\n%s", out)
+	if err != nil {
+		t.Fatalf("demo: %v", err)
+	}
+	assertNoSurvivors(t, bin)
+	text := string(out)
+	if !strings.Contains(text, fmt.Sprintf("%d ok, 0 failed", requests)) {
+		t.Errorf("not every request succeeded")
+	}
+	return cmd, tmp, text
+}
+
 func tableRow(text, addr string) []string {
 	for line := range strings.Lines(text) {
 		if strings.HasPrefix(line, addr+" ") {
