@@ -61,6 +61,9 @@ func qualityPolicies() []policy {
 		// The default prices a request alone; 1 adds the delay it brings the others in its batch.
 		sglangLoad("sglang_load cost 10s others 1", 10*time.Second, "metric cost", "delay_to_others 1"),
 		sglangLoad("sglang_load cost 1s others 1", time.Second, "metric cost", "delay_to_others 1"),
+		// Both together: the model told the fleet's halving and pricing the fleet's total time.
+		sglangLoad("sglang_load cost 10s halving 16 others 1", 10*time.Second, "metric cost", "decode_batch_halving 16", "delay_to_others 1"),
+		sglangLoad("sglang_load cost 1s halving 16 others 1", time.Second, "metric cost", "decode_batch_halving 16", "delay_to_others 1"),
 	}
 }
 
