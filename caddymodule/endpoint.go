@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"maps"
-	"math"
 	"net"
 	"slices"
 	"sync"
@@ -290,7 +289,7 @@ type stampingFetcher struct {
 // whose speeds differ tenfold. The fastest speed alone reported lately is optimistic
 // on purpose: a worker priced at a slow stand-in would get no request, so never decode, so never be
 // measured. The decode to prefill ratio prices, instead, a worker whose prefill speed is measured.
-type fleetSpeed struct{ fastest, ratio atomic.Uint64 }
+type fleetSpeed struct{ fastest, ratio atomicFloat }
 
 // fleetSpeedMemory is how much of the fastest speed each report keeps, so a fleet that lost its
 // fastest worker forgets it within some tens of polls.
@@ -300,29 +299,21 @@ const fleetSpeedMemory = 0.98
 const fleetRatioWeight = 0.1
 
 func (f *fleetSpeed) note(rep *loadpolicy.Report) {
-	old := math.Float64frombits(f.fastest.Load())
-	f.fastest.Store(math.Float64bits(max(rep.DecodeAloneTokensPerSec(), old*fleetSpeedMemory)))
+	alone := rep.DecodeAloneTokensPerSec()
+	f.fastest.update(func(old float64) float64 { return max(alone, old*fleetSpeedMemory) })
 	r := rep.DecodePerPrefill()
 	if r <= 0 {
 		return
 	}
-	for {
-		bits := f.ratio.Load()
-		mean := math.Float64frombits(bits)
+	f.ratio.update(func(mean float64) float64 {
 		if mean > 0 {
-			mean += (r - mean) * fleetRatioWeight
-		} else {
-			mean = r
+			return mean + (r-mean)*fleetRatioWeight
 		}
-		if f.ratio.CompareAndSwap(bits, math.Float64bits(mean)) {
-			return
-		}
-	}
+		return r
+	})
 }
 
-func (f *fleetSpeed) load() (fastest, ratio float64) {
-	return math.Float64frombits(f.fastest.Load()), math.Float64frombits(f.ratio.Load())
-}
+func (f *fleetSpeed) load() (fastest, ratio float64) { return f.fastest.Load(), f.ratio.Load() }
 
 func (f stampingFetcher) Fetch(ctx context.Context) (*loadpolicy.Report, error) {
 	var before int64

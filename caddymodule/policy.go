@@ -141,11 +141,11 @@ type Policy struct {
 	// affinityIndex is nil with affinity off; workers are its workers by upstream dial address.
 	affinityIndex *affinity.Index
 	workers       atomic.Pointer[map[string]affinity.Worker]
-	meanOut       atomic.Uint64 // float64 bits: mean output tokens of recent requests, for the cost model
-	fleet         fleetSpeed    // what this policy's workers reported of their speeds
-	// meanPrompt and meanPromptSq are float64 bits: the mean uncached prompt tokens of recent requests
+	meanOut       atomicFloat // mean output tokens of recent requests, for the cost model
+	fleet         fleetSpeed  // what this policy's workers reported of their speeds
+	// meanPrompt and meanPromptSq are the mean uncached prompt tokens of recent requests
 	// and the mean of their squares, for the cost model's prefill queueing.
-	meanPrompt, meanPromptSq atomic.Uint64
+	meanPrompt, meanPromptSq atomicFloat
 
 	spec   endpointSpec // template for this group's endpoints; address set per upstream
 	app    *App
@@ -311,7 +311,7 @@ func (p *Policy) parseOptions() error {
 	if p.DelayToOthers != nil {
 		p.costs.DelayToOthers = *p.DelayToOthers
 	}
-	p.meanOut.Store(math.Float64bits(float64(p.defaultMaxTokens())))
+	p.meanOut.Store(float64(p.defaultMaxTokens()))
 	return p.parseAffinity()
 }
 
@@ -364,9 +364,9 @@ const (
 // recent requests, and the fleet's decode speeds for a worker not yet measured.
 func (p *Policy) costParams() loadpolicy.CostParams {
 	params := p.costs
-	params.MeanOutputTokens = math.Float64frombits(p.meanOut.Load())
-	if mean := math.Float64frombits(p.meanPrompt.Load()); mean > 0 {
-		params.ResidualPromptTokens = math.Float64frombits(p.meanPromptSq.Load()) / (2 * mean)
+	params.MeanOutputTokens = p.meanOut.Load()
+	if mean := p.meanPrompt.Load(); mean > 0 {
+		params.ResidualPromptTokens = p.meanPromptSq.Load() / (2 * mean)
 	}
 	if p.DecodeTokensPerSec == 0 && p.app != nil {
 		fastest, ratio := p.fleet.load()
@@ -473,18 +473,33 @@ const bytesPerToken = 4
 const meanWeight = 0.01
 
 // noteSize folds a placed request's size into the means: its output, and its prompt less the cached
-// tokens where it went. Concurrent updates may lose one another's weight; the means stay means of
-// recent requests.
+// tokens where it went.
 func (p *Policy) noteSize(req loadpolicy.Request, cached int64) {
 	uncached := float64(max(req.PromptTokens-cached, 0))
-	foldMean(&p.meanOut, float64(req.OutputTokens))
-	foldMean(&p.meanPrompt, uncached)
-	foldMean(&p.meanPromptSq, uncached*uncached)
+	p.meanOut.fold(float64(req.OutputTokens))
+	p.meanPrompt.fold(uncached)
+	p.meanPromptSq.fold(uncached * uncached)
 }
 
-func foldMean(mean *atomic.Uint64, v float64) {
-	old := math.Float64frombits(mean.Load())
-	mean.Store(math.Float64bits(old + meanWeight*(v-old)))
+// atomicFloat is a float64 that concurrent writers update without losing one another's changes.
+type atomicFloat struct{ bits atomic.Uint64 }
+
+func (a *atomicFloat) Load() float64   { return math.Float64frombits(a.bits.Load()) }
+func (a *atomicFloat) Store(v float64) { a.bits.Store(math.Float64bits(v)) }
+
+// update sets the value to next(the value), retrying when another writer came between.
+func (a *atomicFloat) update(next func(old float64) float64) {
+	for {
+		bits := a.bits.Load()
+		if a.bits.CompareAndSwap(bits, math.Float64bits(next(math.Float64frombits(bits)))) {
+			return
+		}
+	}
+}
+
+// fold moves a mean of recent values towards v, by meanWeight.
+func (a *atomicFloat) fold(v float64) {
+	a.update(func(old float64) float64 { return old + meanWeight*(v-old) })
 }
 
 // registerLate registers an upstream first seen in Select (a dynamic upstream); it logs once and
