@@ -55,22 +55,28 @@ func qualityPolicies() []policy {
 		sglangLoad("sglang_load cost 10s", 10*time.Second, "metric cost"),
 		sglangLoad("sglang_load cost 10s no-inflight", 10*time.Second, "metric cost", "inflight_correction off"),
 		sglangLoad("sglang_load cost 1s", time.Second, "metric cost"),
-		// The simulated workers halve a request's decode speed at 16 more in the batch; the default
-		// assumes 32: how much knowing the fleet's own figure is worth.
-		sglangLoad("sglang_load cost 10s halving 16", 10*time.Second, "metric cost", "decode_batch_halving 16"),
+		// Studies, run when named. The simulated workers halve a request's decode speed at 16 more in
+		// the batch; the default assumes 32: how much knowing the fleet's own figure is worth.
+		study(sglangLoad("sglang_load cost 10s halving 16", 10*time.Second, "metric cost", "decode_batch_halving 16")),
 		// The default prices a request alone; 1 adds the delay it brings the others in its batch.
-		sglangLoad("sglang_load cost 10s others 1", 10*time.Second, "metric cost", "delay_to_others 1"),
-		sglangLoad("sglang_load cost 1s others 1", time.Second, "metric cost", "delay_to_others 1"),
-		// Both together: the model told the fleet's halving and pricing the fleet's total time.
-		sglangLoad("sglang_load cost 10s halving 16 others 1", 10*time.Second, "metric cost", "decode_batch_halving 16", "delay_to_others 1"),
-		sglangLoad("sglang_load cost 1s halving 16 others 1", time.Second, "metric cost", "decode_batch_halving 16", "delay_to_others 1"),
+		study(sglangLoad("sglang_load cost 10s others 1", 10*time.Second, "metric cost", "delay_to_others 1")),
+		study(sglangLoad("sglang_load cost 1s others 1", time.Second, "metric cost", "delay_to_others 1")),
+		// Both together.
+		study(sglangLoad("sglang_load cost 10s halving 16 others 1", 10*time.Second, "metric cost", "decode_batch_halving 16", "delay_to_others 1")),
+		study(sglangLoad("sglang_load cost 1s halving 16 others 1", time.Second, "metric cost", "decode_batch_halving 16", "delay_to_others 1")),
 	}
 }
 
-// selectPolicies keeps the policies named in the comma list only (all when it is empty).
+// study marks p as a study row (see policy.study).
+func study(p policy) policy {
+	p.study = true
+	return p
+}
+
+// selectPolicies keeps the policies named in the comma list only (all but the studies when it is empty).
 func selectPolicies(ps []policy, only string) ([]policy, error) {
 	if only == "" {
-		return ps, nil
+		return slices.DeleteFunc(slices.Clone(ps), func(p policy) bool { return p.study }), nil
 	}
 	var out []policy
 	for _, name := range strings.Split(only, ",") {

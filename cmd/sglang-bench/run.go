@@ -23,6 +23,9 @@ type policy struct {
 	lb       string        // the lb_policy line and block; empty for an in-process router
 	interval time.Duration // sglang_load polling interval; 0 for Caddy's own policies
 	router   func(workers int) router
+	// study marks a row that measures one change to the model: it runs only when -policies names it,
+	// so that the default run keeps the machine below saturation.
+	study bool
 }
 
 // sglangLoad is an lb_policy sglang_load block with the given lines, polled every interval.

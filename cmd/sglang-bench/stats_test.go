@@ -90,3 +90,29 @@ func TestSeedsAtOnce(t *testing.T) {
 		}
 	}
 }
+
+func TestStudyRowsRunOnlyWhenNamed(t *testing.T) {
+	all := qualityPolicies()
+	byDefault, err := selectPolicies(all, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var studies []string
+	for _, p := range all {
+		if p.study {
+			studies = append(studies, p.name)
+		}
+	}
+	if len(studies) == 0 || len(byDefault) != len(all)-len(studies) {
+		t.Fatalf("%d rows, %d studies, %d run by default", len(all), len(studies), len(byDefault))
+	}
+	for _, p := range byDefault {
+		if p.study {
+			t.Errorf("study row %q runs by default", p.name)
+		}
+	}
+	named, err := selectPolicies(all, "least_conn, "+studies[0])
+	if err != nil || len(named) != 2 || named[1].name != studies[0] {
+		t.Fatalf("naming least_conn and %q ran %d rows (%v)", studies[0], len(named), err)
+	}
+}
