@@ -559,6 +559,9 @@ func httpVanish(t *testing.T, out *outcomes) {
 	gone := waitWorkers(t, 10*time.Second, "the vanished worker failing", func(v worker) bool {
 		return v.LastErrorResult == "unavailable" && v.PollsFailed >= 2
 	}, idle)[idle.addr()]
+	if gone.State == "fresh" || gone.Score != nil {
+		t.Errorf("vanished worker: state %q, score %v; the policy ignores its report, the view must say so", gone.State, gone.Score)
+	}
 	seq, during := requests(t, httpSend, seqRequests, concGroups, concRequests)
 	if n := okCount(during); n != allRequests {
 		t.Errorf("while gone: %d of %d requests succeeded", n, allRequests)
@@ -868,6 +871,9 @@ func grpcVanish(t *testing.T, out *outcomes) {
 		gone = workers(t)[idle.addr]
 		return gone.LastErrorResult == "unavailable" && gone.PollsFailed >= 2
 	}, "the vanished worker failing")
+	if gone.State == "fresh" || gone.Score != nil {
+		t.Errorf("vanished worker: state %q, score %v; the policy ignores its report, the view must say so", gone.State, gone.Score)
+	}
 	seq, during := requests(t, grpcSend, seqRequests, concGroups, concRequests)
 	if n := okCount(during); n != allRequests {
 		t.Errorf("while gone: %d of %d calls succeeded", n, allRequests)

@@ -207,12 +207,18 @@ const (
 	stateFresh   = "fresh"   // a non-empty report younger than stale_after: the policy routes on it
 	stateStale   = "stale"   // the last report is too old: the policy ignores it
 	stateMissing = "missing" // no report yet, or an empty one (a worker still starting)
+	// stateUnreachable: the last poll found nobody answering; the policy ignores the report, whatever
+	// its age (sharedState.usable).
+	stateUnreachable = "unreachable"
 )
 
-// freshness classifies snap at now with the policy's own test (endpoint.fresh).
+// freshness classifies snap at now with the policy's own tests (endpoint.fresh).
 func freshness(snap *monitor.Snapshot, now time.Time, staleAfter time.Duration) string {
+	fresh := !snap.Fresh(now, staleAfter).Empty()
 	switch {
-	case !snap.Fresh(now, staleAfter).Empty():
+	case fresh && pollResult(snap.Err) == resultUnavailable:
+		return stateUnreachable
+	case fresh:
 		return stateFresh
 	case snap != nil && !snap.Report.Empty():
 		return stateStale
