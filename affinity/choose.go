@@ -23,6 +23,10 @@ const RendezvousBlocks = 4
 // key's order is a random sample of the fleet, as in the power of d choices.
 const MaxPriced = 8
 
+// NearTie is how much more than the best score a key's first worker in its rendezvous order may score
+// and still take it: the key's next requests save more there than the difference.
+const NearTie = 1.25
+
 // Key is what a request is routed by.
 type Key struct {
 	// Blocks are the chained block hashes (Request.Blocks, or HeaderKey's single block).
@@ -92,10 +96,10 @@ type Choice struct {
 // Choose picks a candidate for a request by its key, its load and the cost model.
 //
 // A key this index has not seen sent anywhere at least half as deep as its prompt (the share the
-// SGLang gateway's cache_threshold asks for) is New: it goes where it costs the least seconds, its home
-// credited with the first RendezvousBlocks blocks only, so prompts that share nothing are routed on
-// load and a near tie goes where the key's next requests will. A new Session key is compared by stretch,
-// as a known key is: the conversation starts at its home unless load says otherwise.
+// SGLang gateway's cache_threshold asks for) is New: it is priced in seconds, its home credited with
+// the first RendezvousBlocks blocks only, so prompts that share nothing are routed on load. A new
+// Session key is compared by stretch, as a known key is: the conversation starts at its home unless
+// load says otherwise.
 //
 // A key known to be shared goes to its home unless load says otherwise. The home is the first worker
 // within the bound in the weighted rendezvous order of the key's first RendezvousBlocks blocks (a
@@ -105,7 +109,12 @@ type Choice struct {
 // instances that share nothing agree on the home, from the key, the candidates' names, weights and
 // loads. Candidates are compared by stretch, Cost over Alone: a slow home that is not loaded keeps its
 // keys (in seconds the fastest worker would win them all and its cache could not hold them), and a
-// cache hit on a busy worker loses to a miss on an idle one. Ties go to the rendezvous order.
+// cache hit on a busy worker loses to a miss on an idle one.
+//
+// A near tie goes to the key's order: the first candidate within the bound, in rendezvous order, whose
+// score (seconds for a new key, stretch for the others) is at most NearTie times the best takes the
+// request, so that a new key starts where its next requests will go and where other instances, which
+// have not seen it, send it too. Exact ties go to the rendezvous order.
 //
 // The bound: a worker is within it while its load plus this request stays within factor times the
 // mean load (counting the request; DefaultBalanceFactor when factor < 1), rounded up as HAProxy's
@@ -185,11 +194,15 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	}
 	best := Choice{Index: -1}
 	bestScore, bestHash := math.Inf(1), uint64(0)
+	// scoreAt holds the priced candidates' scores, by index in a small fleet and by place in the key's
+	// order in a larger one, for the near tie.
+	var scoreAt [MaxPriced]float64
 	for j := range priced {
 		i := j
 		if n > MaxPriced {
 			i = order[j]
 		}
+		scoreAt[j] = math.Inf(1)
 		w := c.Worker(i)
 		if w.ID == 0 {
 			continue
@@ -207,11 +220,20 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 				score /= alone // stretch
 			}
 		}
+		scoreAt[j] = score
 		// The rendezvous rank breaks ties; it is computed only for them.
 		if score < bestScore || best.Index < 0 {
 			best, bestScore, bestHash = Choice{Index: i, CachedTokens: credit}, score, w.Hash
 		} else if score == bestScore && rendezvous(rkey, w.Hash) > rendezvous(rkey, bestHash) {
 			best, bestHash = Choice{Index: i, CachedTokens: credit}, w.Hash
+		}
+	}
+	if best.Index >= 0 {
+		if i := nearTie(order[:k], &scoreAt, n > MaxPriced, bestScore); i >= 0 && i != best.Index {
+			best.Index, best.CachedTokens = i, 0
+			if i == home {
+				best.CachedTokens = cached
+			}
 		}
 	}
 	switch {
@@ -224,6 +246,22 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		best.Outcome = Yielded
 	}
 	return best
+}
+
+// nearTie is the first candidate in the key's order whose score is at most NearTie times the best,
+// -1 if none: a key goes where its next requests will, and where other Caddy instances, from the same
+// reports, send it too. scores are by place in order when byPlace, else by index.
+func nearTie(order []int, scores *[MaxPriced]float64, byPlace bool, best float64) int {
+	for j, i := range order {
+		s := scores[j]
+		if !byPlace {
+			s = scores[i] // a small fleet: i < MaxPriced
+		}
+		if s <= best*NearTie {
+			return i
+		}
+	}
+	return -1
 }
 
 // leastCost is the choice on cost alone.
