@@ -421,20 +421,22 @@ func firstInOrder(key Key, ws []Worker) int {
 // A new prefix key goes to the first worker in its order while that costs at most NearTie times the
 // least, so that its next requests, from any instance, find it there; past that, to the least.
 func TestChooseNewKeyTakesANearTieInItsOrder(t *testing.T) {
-	x := NewIndex(0)
-	f := newFleet(x, 3)
-	key := prefixKey(7, 8)
-	home := firstInOrder(key, f.workers)
-	lean := float64(f.prompt-RendezvousBlocks*BlockTokens) / f.prefill // the home's cost, idle
-	least := float64(f.prompt) / f.prefill                             // every other worker's, idle
-	for _, c := range []struct {
-		times float64
-		want  string
-	}{{1.2, "home"}, {1.3, "other"}} {
-		f.queue[home] = c.times*least - lean
-		got := x.Choose(key, f, 0)
-		if (got.Index == home) != (c.want == "home") || got.Outcome != New {
-			t.Errorf("home at %.1f× the least cost: chose %d (home %d), %v; want %s, new", c.times, got.Index, home, got.Outcome, c.want)
+	for _, n := range []int{3, MaxPriced + 4} { // a small fleet priced whole, a larger one in the key's order
+		x := NewIndex(0)
+		f := newFleet(x, n)
+		key := prefixKey(7, 8)
+		home := firstInOrder(key, f.workers)
+		lean := float64(f.prompt-RendezvousBlocks*BlockTokens) / f.prefill // the home's cost, idle
+		least := float64(f.prompt) / f.prefill                             // every other worker's, idle
+		for _, c := range []struct {
+			times float64
+			want  string
+		}{{1.2, "home"}, {1.3, "other"}} {
+			f.queue[home] = c.times*least - lean
+			got := x.Choose(key, f, 0)
+			if (got.Index == home) != (c.want == "home") || got.Outcome != New {
+				t.Errorf("%d workers, home at %.1f× the least cost: chose %d (home %d), %v; want %s, new", n, c.times, got.Index, home, got.Outcome, c.want)
+			}
 		}
 	}
 }
