@@ -36,9 +36,10 @@ type Key struct {
 	BlockTokens int64
 	// PromptTokens caps the cached tokens credited to a worker; 0 for no cap.
 	PromptTokens int64
-	// Session says that the key names a conversation, which will send again: its first request is
-	// compared as its later ones are, by stretch, so that it starts where they will go. A prefix key's
-	// first request may be a one-off prompt, and is placed where it finishes first.
+	// Session says that the key names a conversation, which will send again (a session header, or a
+	// chat with an answer in its history): its first request here is compared as its later ones are, by
+	// stretch, so that it starts where they will go. Another prefix key's first request may be a
+	// one-off prompt, and is priced in seconds.
 	Session bool
 }
 

@@ -50,6 +50,9 @@ type Request struct {
 	// DeclaredPromptTokens is a top-level integer "prompt_tokens", which the simulator takes as the exact
 	// prompt size (benchmarks use it to send sizes without building large prompts); 0 when absent.
 	DeclaredPromptTokens int64
+	// Continues says that a chat's messages hold an assistant turn: the conversation has sent before,
+	// and will likely send again.
+	Continues bool
 	// Blocks is the key: the chained hashes of the prompt's whole leading blocks (see BlockBytes). Parse
 	// fills at most cap(Blocks) of them into the caller's backing array, so give it capacity (MaxBlocks)
 	// once and keep it: Parse allocates nothing. Chat messages are keyed as role, 0, content, 0 for each
@@ -78,6 +81,7 @@ func Parse(path string, head []byte, complete bool, contentLength int64, dst *Re
 	}
 	dst.Shape = shape
 	dst.Stream = p.stream
+	dst.Continues = p.continues
 	dst.DeclaredPromptTokens = max(0, p.declared)
 	switch {
 	case shape == ShapeGenerate:
@@ -138,6 +142,7 @@ type parser struct {
 	hasMax                           bool
 	msgRole, msgContent              int      // positions in a message object, -1 when not seen
 	msgOpened                        bool     // the message's role and separator are keyed
+	continues                        bool     // a message had the role "assistant"
 	keyBuf                           [32]byte // a key with escapes, decoded
 }
 
@@ -492,10 +497,14 @@ func (p *parser) messageField(key []byte) bool {
 	return p.skipValue()
 }
 
+// assistantRole is the role of a model's answer in a chat, as sent.
+var assistantRole = []byte(`"assistant"`)
+
 // openMessage keys the message's role and its separator.
 func (p *parser) openMessage() bool {
 	p.msgOpened = true
 	if p.msgRole >= 0 {
+		p.continues = p.continues || bytes.HasPrefix(p.s[p.msgRole:], assistantRole)
 		save := p.i
 		p.i = p.msgRole
 		ok := p.str(true, false)

@@ -101,6 +101,18 @@ func TestParseShapes(t *testing.T) {
 			want: Request{Shape: ShapeChat, PromptTokens: tokens(len(system) + len(user)), Blocks: chatKey},
 		},
 		{
+			name: "chat with an answer in its history continues a conversation",
+			path: "/v1/chat/completions",
+			body: `{"messages":[{"role":"user","content":"hi"},{"content":"hello","role":"assistant"},{"role":"user","content":"and?"}]}`,
+			want: Request{Shape: ShapeChat, PromptTokens: 3, Continues: true, Blocks: []uint64{}},
+		},
+		{
+			name: "chat, an assistant's name in a user message is not an answer",
+			path: "/v1/chat/completions",
+			body: `{"messages":[{"role":"user","content":"\"assistant\""},{"role":"assistants","content":"x"}]}`,
+			want: Request{Shape: ShapeChat, PromptTokens: 3, Blocks: []uint64{}},
+		},
+		{
 			name: "chat, max_tokens wins over max_completion_tokens",
 			path: "/v1/chat/completions",
 			body: `{"max_completion_tokens":7,"messages":[{"role":"user","content":"hi"}],"max_tokens":5}`,
@@ -116,7 +128,7 @@ func TestParseShapes(t *testing.T) {
 			name: "chat, a null content and an assistant turn",
 			path: "/prefix/v1/chat/completions",
 			body: fmt.Sprintf(`{"messages":[{"role":"system","content":%s},{"role":"assistant","content":null,"tool_calls":[]},{"role":"user","content":%s}]}`, sysJSON, userJSON),
-			want: Request{Shape: ShapeChat, PromptTokens: tokens(len(system) + len(user)),
+			want: Request{Shape: ShapeChat, PromptTokens: tokens(len(system) + len(user)), Continues: true,
 				Blocks: refKey(seedText, chatStream("system", system, "assistant", "", "user", user), MaxBlocks)},
 		},
 		{
@@ -197,10 +209,10 @@ func TestParseShapes(t *testing.T) {
 func assertRequest(t *testing.T, got, want Request) {
 	t.Helper()
 	if got.Shape != want.Shape || got.PromptTokens != want.PromptTokens || got.MaxTokens != want.MaxTokens ||
-		got.Stream != want.Stream || got.DeclaredPromptTokens != want.DeclaredPromptTokens {
-		t.Errorf("got shape %d prompt %d max %d stream %t declared %d, want %d %d %d %t %d",
-			got.Shape, got.PromptTokens, got.MaxTokens, got.Stream, got.DeclaredPromptTokens,
-			want.Shape, want.PromptTokens, want.MaxTokens, want.Stream, want.DeclaredPromptTokens)
+		got.Stream != want.Stream || got.DeclaredPromptTokens != want.DeclaredPromptTokens || got.Continues != want.Continues {
+		t.Errorf("got shape %d prompt %d max %d stream %t declared %d continues %t, want %d %d %d %t %d %t",
+			got.Shape, got.PromptTokens, got.MaxTokens, got.Stream, got.DeclaredPromptTokens, got.Continues,
+			want.Shape, want.PromptTokens, want.MaxTokens, want.Stream, want.DeclaredPromptTokens, want.Continues)
 	}
 	if fmt.Sprint(got.Blocks) != fmt.Sprint(want.Blocks) {
 		t.Errorf("blocks\n got %x\nwant %x", got.Blocks, want.Blocks)

@@ -65,7 +65,9 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 	}
 	switch p.Affinity {
 	case affinityPrefix:
-		st.key = affinity.Key{Blocks: st.body.Blocks, BlockTokens: affinity.BlockTokens, PromptTokens: st.size.PromptTokens}
+		// A chat with an answer in its history is a conversation, as a session header says.
+		st.key = affinity.Key{Blocks: st.body.Blocks, BlockTokens: affinity.BlockTokens, PromptTokens: st.size.PromptTokens,
+			Session: st.body.Continues}
 	case affinityHeader:
 		// A session's earlier turns are cached where it went: all of this prompt but its new message,
 		// which the model cannot know, so the whole prompt is credited.
