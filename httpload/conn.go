@@ -13,6 +13,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -160,6 +161,13 @@ func (p *poller) get(ctx context.Context) (c *pollConn, reused bool, err error) 
 	if err != nil {
 		return nil, false, err
 	}
+	if isSelfConnection(conn) {
+		if tc, ok := conn.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // a reset frees the port now, not after TIME_WAIT
+		}
+		_ = conn.Close()
+		return nil, false, &net.OpError{Op: "dial", Net: "tcp", Addr: conn.RemoteAddr(), Err: errSelfConnection}
+	}
 	if p.tls != nil {
 		tc := tls.Client(conn, p.tls)
 		if err := tc.HandshakeContext(ctx); err != nil {
@@ -169,6 +177,18 @@ func (p *poller) get(ctx context.Context) (c *pollConn, reused bool, err error) 
 		conn = tc
 	}
 	return &pollConn{Conn: conn, r: bufio.NewReaderSize(conn, 4<<10)}, false, nil
+}
+
+// errSelfConnection is a dial that reached its own socket: nothing listens on the port, which is in the
+// host's ephemeral range, and the kernel picked it as the source too (a TCP simultaneous open). Kept,
+// the connection would hold the port the worker is about to listen on, and the poll would read its own
+// request as the answer.
+var errSelfConnection = fmt.Errorf("connected to itself, nothing listens there: %w", syscall.ECONNREFUSED)
+
+func isSelfConnection(c net.Conn) bool {
+	l, ok1 := c.LocalAddr().(*net.TCPAddr)
+	r, ok2 := c.RemoteAddr().(*net.TCPAddr)
+	return ok1 && ok2 && l.Port == r.Port && l.IP.Equal(r.IP)
 }
 
 func (p *poller) put(c *pollConn) {

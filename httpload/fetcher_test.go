@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -663,4 +664,33 @@ func TestFetchRetriesClosedIdleConnection(t *testing.T) {
 	if n := accepted.Load(); n != 3 {
 		t.Errorf("%d connections for 3 polls, want one each", n)
 	}
+}
+
+// A poll of a port nothing listens on can reach its own socket (the kernel may pick that very port as
+// the source, since it is in the ephemeral range). The poll must fail as refused and let the port go,
+// so the worker can listen on it. Binding the source port makes the self-connection certain.
+func TestPollThatReachesItselfIsRefused(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().(*net.TCPAddr)
+	_ = ln.Close()
+	f, err := New(Config{URL: "http://" + addr.String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	f.poller.dialer.LocalAddr = addr
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = f.Fetch(ctx)
+	if !errors.Is(err, syscall.ECONNREFUSED) || !strings.Contains(err.Error(), "connected to itself") {
+		t.Fatalf("poll of %s from %s: %v; want a refusal that says it connected to itself", addr, addr, err)
+	}
+	ln, err = net.Listen("tcp", addr.String())
+	if err != nil {
+		t.Fatalf("the worker's port after the poll: %v", err)
+	}
+	_ = ln.Close()
 }
