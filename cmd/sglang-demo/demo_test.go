@@ -409,7 +409,6 @@ func workerAddrOf(cmd *exec.Cmd, i int) string {
 	return ""
 }
 
-// tableRow returns the fields of the worker table's row for addr (the admin view's rows are indented).
 // runDemo runs the demo with a burst of requests and the other flags to its end, and checks that it
 // exited 0, left no process behind and had every request succeed; it returns the command, its temp
 // dir and its output.
@@ -429,6 +428,7 @@ func runDemo(t *testing.T, ctx context.Context, bin string, requests int, flags 
 	return cmd, tmp, text
 }
 
+// tableRow returns the fields of the worker table's row for addr (the admin view's rows are indented).
 func tableRow(text, addr string) []string {
 	for line := range strings.Lines(text) {
 		if strings.HasPrefix(line, addr+" ") {
