@@ -205,6 +205,10 @@ func (a *App) workers(now time.Time) []workerView {
 func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 	staleAfter := time.Duration(ep.staleness.Load())
 	snap := ep.state.Load()
+	result := resultOK
+	if snap != nil {
+		result = pollResult(snap.Err)
+	}
 	v := workerView{
 		Upstreams:   upstreams,
 		Endpoint:    ep.key,
@@ -212,7 +216,7 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 		Transport:   ep.spec.transport,
 		Interval:    time.Duration(ep.interval.Load()).String(),
 		StaleAfter:  staleAfter.String(),
-		State:       freshness(snap, now, staleAfter),
+		State:       freshness(snap, result, now, staleAfter),
 	}
 	if h := ep.host.Load(); h != nil {
 		v.Inflight = int64(h.NumRequests())
@@ -229,7 +233,7 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 		v.LastErrorAt = &snap.ErrAt
 	}
 	if snap.Err != nil {
-		v.LastError, v.LastErrorResult = snap.Err.Error(), pollResult(snap.Err)
+		v.LastError, v.LastErrorResult = snap.Err.Error(), result
 	}
 	if rep := snap.Report; rep != nil {
 		age := now.Sub(rep.Received).Seconds()

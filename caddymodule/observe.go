@@ -212,11 +212,12 @@ const (
 	stateUnreachable = "unreachable"
 )
 
-// freshness classifies snap at now with the policy's own tests (endpoint.fresh).
-func freshness(snap *monitor.Snapshot, now time.Time, staleAfter time.Duration) string {
+// freshness classifies snap at now with the policy's own tests (endpoint.fresh); result is its last
+// poll's (pollResult).
+func freshness(snap *monitor.Snapshot, result string, now time.Time, staleAfter time.Duration) string {
 	fresh := !snap.Fresh(now, staleAfter).Empty()
 	switch {
-	case fresh && pollResult(snap.Err) == resultUnavailable:
+	case fresh && result == resultUnavailable:
 		return stateUnreachable
 	case fresh:
 		return stateFresh
@@ -233,7 +234,8 @@ func healthAt(snap *monitor.Snapshot, staleAfter time.Duration) health {
 	if snap == nil {
 		return health{stateMissing, resultOK}
 	}
-	return health{freshness(snap, snap.LastPoll, staleAfter), pollResult(snap.Err)}
+	result := pollResult(snap.Err)
+	return health{freshness(snap, result, snap.LastPoll, staleAfter), result}
 }
 
 // observePoll records one poll: its metrics, a debug line, and, when the worker's health changed, one
