@@ -132,45 +132,43 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		factor = DefaultBalanceFactor
 	}
 	// The bound is not weighted: a faster worker given more keys finishes them sooner, so its count
-	// in flight stays near a slower one's.
+	// in flight stays near a slower one's. The key's order is drawn in the same pass as the loads,
+	// from every available candidate, and drawn again from those within the bound only when one of
+	// the first it found is not.
+	rkey := key.Blocks[min(len(key.Blocks), RendezvousBlocks)-1]
+	var top rendezvousTop
+	offer := func(i int, w Worker, load float64) {
+		top.offer(ranked{i: i, load: load, weight: positive(c.Weight(i)), u: uniform(rkey, w.Hash)})
+	}
 	var total float64
 	avail := 0
 	for i := range n {
-		if c.Worker(i).ID != 0 {
-			total += c.Load(i)
-			avail++
+		w := c.Worker(i)
+		if w.ID == 0 {
+			continue
 		}
+		load := c.Load(i)
+		total += load
+		avail++
+		offer(i, w, load)
 	}
 	mean := (total + 1) / float64(max(avail, 1))
 	bound := math.Ceil(max(factor*mean, mean+BalanceSlack))
-	within := func(i int) bool { return c.Load(i)+1 <= bound }
-
+	if !top.within(bound) {
+		top = rendezvousTop{}
+		for i := range n {
+			w := c.Worker(i)
+			if load := c.Load(i); w.ID != 0 && load+1 <= bound {
+				offer(i, w, load)
+			}
+		}
+	}
 	// order is the first MaxPriced candidates within the bound in the key's weighted rendezvous order
 	// (see uniform); the home is the first.
-	rkey := key.Blocks[min(len(key.Blocks), RendezvousBlocks)-1]
 	var order [MaxPriced]int
-	var scores [MaxPriced]float64
-	k := 0
-	for i := range n {
-		w := c.Worker(i)
-		if w.ID == 0 || !within(i) {
-			continue
-		}
-		u, weight := uniform(rkey, w.Hash), positive(c.Weight(i))
-		if k == MaxPriced && weight/(1-u) <= scores[k-1] {
-			continue // its score is at most that bound (-ln u >= 1-u): no logarithm to take
-		}
-		s := weight / -math.Log(u)
-		if k < MaxPriced {
-			k++
-		} else if s <= scores[k-1] {
-			continue
-		}
-		j := k - 1
-		for ; j > 0 && scores[j-1] < s; j-- {
-			order[j], scores[j] = order[j-1], scores[j-1]
-		}
-		order[j], scores[j] = i, s
+	k := top.n
+	for j := range k {
+		order[j] = top.r[j].i
 	}
 	home := -1
 	if k > 0 {
@@ -247,6 +245,71 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		best.Outcome = Yielded
 	}
 	return best
+}
+
+// ranked is a candidate offered for a key's weighted rendezvous order.
+type ranked struct {
+	i            int
+	load, weight float64
+	u            float64
+	key          float64 // what the order sorts by, the higher the earlier: see rendezvousTop
+}
+
+// rendezvousTop keeps the first MaxPriced candidates offered in the key's order, weight / -ln(u) the
+// higher the earlier; of equal rank, the one offered first. While every candidate offered has one
+// weight it sorts them by u, which orders them as their scores do, without a logarithm.
+type rendezvousTop struct {
+	n       int
+	weight  float64 // the weight of every candidate offered, while !byScore; 0 before the first
+	byScore bool
+	r       [MaxPriced]ranked
+}
+
+func (t *rendezvousTop) offer(c ranked) {
+	if c.weight != t.weight && !t.byScore {
+		t.weighed(c.weight)
+	}
+	c.key = c.u
+	if t.byScore {
+		// weight/(1-u) bounds the score from above (-ln u >= 1-u): most candidates are turned away
+		// without a logarithm.
+		if t.n == MaxPriced && c.weight/(1-c.u) <= t.r[MaxPriced-1].key {
+			return
+		}
+		c.key = c.weight / -math.Log(c.u)
+	}
+	if t.n < MaxPriced {
+		t.n++
+	} else if c.key <= t.r[MaxPriced-1].key {
+		return
+	}
+	j := t.n - 1
+	for ; j > 0 && t.r[j-1].key < c.key; j-- {
+		t.r[j] = t.r[j-1]
+	}
+	t.r[j] = c
+}
+
+// weighed notes the first weight offered, or a second one: from then on candidates sort by score.
+func (t *rendezvousTop) weighed(w float64) {
+	if t.weight == 0 {
+		t.weight = w
+		return
+	}
+	t.byScore = true
+	for j := range t.n {
+		t.r[j].key = t.r[j].weight / -math.Log(t.r[j].u)
+	}
+}
+
+// within says whether every candidate kept is within the bound.
+func (t *rendezvousTop) within(bound float64) bool {
+	for _, r := range t.r[:t.n] {
+		if r.load+1 > bound {
+			return false
+		}
+	}
+	return true
 }
 
 // nearTie is the first candidate in the key's order whose score is at most NearTie times the best,

@@ -1,6 +1,7 @@
 package affinity
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -436,6 +437,41 @@ func TestChooseNewKeyTakesANearTieInItsOrder(t *testing.T) {
 			got := x.Choose(key, f, 0)
 			if (got.Index == home) != (c.want == "home") || got.Outcome != New {
 				t.Errorf("%d workers, home at %.1f× the least cost: chose %d (home %d), %v; want %s, new", n, c.times, got.Index, home, got.Outcome, c.want)
+			}
+		}
+	}
+}
+
+// The order Choose keeps is the first MaxPriced of every candidate sorted by weight / -ln(u), of equal
+// scores the first offered, whatever the weights: one weight (compared without a logarithm), a few,
+// or all different.
+func TestRendezvousTopIsTheOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	weightsOf := []func() float64{
+		func() float64 { return 64 },
+		func() float64 { return float64(int(1) << rng.IntN(3)) },
+		func() float64 { return 1 + 100*rng.Float64() },
+	}
+	for trial := range 3000 {
+		weight := weightsOf[trial%len(weightsOf)]
+		n := 1 + rng.IntN(40)
+		key := rng.Uint64()
+		all := make([]ranked, n)
+		var top rendezvousTop
+		for i := range all {
+			all[i] = ranked{i: i, weight: weight(), u: uniform(key, rng.Uint64())}
+			top.offer(all[i])
+		}
+		slices.SortStableFunc(all, func(a, b ranked) int {
+			return cmp.Compare(b.weight/-math.Log(b.u), a.weight/-math.Log(a.u))
+		})
+		want := all[:min(n, MaxPriced)]
+		if top.n != len(want) {
+			t.Fatalf("trial %d: kept %d of %d, want %d", trial, top.n, n, len(want))
+		}
+		for j := range want {
+			if top.r[j].i != want[j].i {
+				t.Fatalf("trial %d (%d candidates): place %d is %d, want %d", trial, n, j, top.r[j].i, want[j].i)
 			}
 		}
 	}

@@ -690,6 +690,11 @@ func (p *parser) str(key, count bool) bool {
 			break
 		}
 		b += i
+		if b+1 < len(s) && simpleEscape[s[b+1]] {
+			saved++ // two bytes that decode to one: most escapes, taken without a call
+			i = b + 2
+			continue
+		}
 		var r [4]byte
 		n, next, ok := unescape(s, b, &r)
 		if !ok {
@@ -716,6 +721,9 @@ func (p *parser) str(key, count bool) bool {
 	p.i = q + 1
 	return true
 }
+
+// simpleEscape marks the bytes that follow a backslash in a two-byte escape.
+var simpleEscape = [256]bool{'"': true, '\\': true, '/': true, 'b': true, 'f': true, 'n': true, 'r': true, 't': true}
 
 // unescape decodes the escape at s[i] ('\\') into r as encoding/json does (an unpaired surrogate
 // becomes U+FFFD). It returns the bytes written and where the escape ends; not ok with next at len(s)
