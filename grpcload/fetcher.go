@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/caddy-sglang/caddy-sglang/grpcload/schedulerpb"
+	"github.com/caddy-sglang/caddy-sglang/internal/tcpdial"
 	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
 )
 
@@ -50,6 +51,7 @@ type Fetcher struct {
 	auth   string // the authorization metadata value, empty without an API key
 	conn   *grpc.ClientConn
 	client schedulerpb.SglangSchedulerClient
+	dialer net.Dialer
 
 	// uncachedVersion is the last server version seen sending num_waiting_uncached_tokens.
 	uncachedVersion atomic.Pointer[string]
@@ -74,7 +76,16 @@ func New(cfg Config) (*Fetcher, error) {
 	if cfg.TLS != nil {
 		creds = credentials.NewTLS(cfg.TLS)
 	}
+	f := &Fetcher{
+		target: cfg.Target,
+		apiKey: cfg.APIKey,
+		dialer: net.Dialer{KeepAlive: 30 * time.Second},
+	}
+	// The worker is dialled directly, as the HTTP poller does, whatever a proxy variable says.
 	conn, err := grpc.NewClient(cfg.Target,
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return tcpdial.Dial(ctx, &f.dialer, addr)
+		}),
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxResponseSize)),
 		grpc.WithConnectParams(reconnect),
@@ -83,12 +94,7 @@ func New(cfg Config) (*Fetcher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("grpc client for %s: %w", cfg.Target, err)
 	}
-	f := &Fetcher{
-		target: cfg.Target,
-		apiKey: cfg.APIKey,
-		conn:   conn,
-		client: schedulerpb.NewSglangSchedulerClient(conn),
-	}
+	f.conn, f.client = conn, schedulerpb.NewSglangSchedulerClient(conn)
 	if cfg.APIKey != "" {
 		f.auth = "Bearer " + cfg.APIKey
 	}

@@ -476,3 +476,33 @@ func TestNewRejectsBadTargets(t *testing.T) {
 		_ = f.Close()
 	}
 }
+
+// A poll whose connection reaches its own socket (nothing listens on the port, and the kernel picked
+// it as the source) fails as unreachable, says why, and leaves the port free for the worker. Binding
+// the source port to the target's makes the self-connection certain.
+func TestPollThatReachesItselfIsRefused(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().(*net.TCPAddr)
+	_ = ln.Close()
+	f, err := grpcload.New(grpcload.Config{Target: addr.String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	grpcload.DialFrom(f, addr)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = f.Fetch(ctx)
+	var se *grpcload.StatusError
+	if !errors.As(err, &se) || se.Code != codes.Unavailable || !strings.Contains(err.Error(), "connected to itself") {
+		t.Fatalf("poll of %s from %s: %v; want Unavailable, saying it connected to itself", addr, addr, err)
+	}
+	ln, err = net.Listen("tcp", addr.String())
+	if err != nil {
+		t.Fatalf("the worker's port after the poll: %v", err)
+	}
+	_ = ln.Close()
+}

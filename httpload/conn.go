@@ -13,8 +13,9 @@ import (
 	"os"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/caddy-sglang/caddy-sglang/internal/tcpdial"
 )
 
 // maxHeaderBytes caps a response's status line and headers, as the net/http transport's
@@ -157,16 +158,9 @@ func (p *poller) get(ctx context.Context) (c *pollConn, reused bool, err error) 
 	if c != nil {
 		return c, true, nil
 	}
-	conn, err := p.dialer.DialContext(ctx, "tcp", p.addr)
+	conn, err := tcpdial.Dial(ctx, &p.dialer, p.addr)
 	if err != nil {
 		return nil, false, err
-	}
-	if isSelfConnection(conn) {
-		if tc, ok := conn.(*net.TCPConn); ok {
-			_ = tc.SetLinger(0) // a reset frees the port now, not after TIME_WAIT
-		}
-		_ = conn.Close()
-		return nil, false, &net.OpError{Op: "dial", Net: "tcp", Addr: conn.RemoteAddr(), Err: errSelfConnection}
 	}
 	if p.tls != nil {
 		tc := tls.Client(conn, p.tls)
@@ -177,18 +171,6 @@ func (p *poller) get(ctx context.Context) (c *pollConn, reused bool, err error) 
 		conn = tc
 	}
 	return &pollConn{Conn: conn, r: bufio.NewReaderSize(conn, 4<<10)}, false, nil
-}
-
-// errSelfConnection is a dial that reached its own socket: nothing listens on the port, which is in the
-// host's ephemeral range, and the kernel picked it as the source too (a TCP simultaneous open). Kept,
-// the connection would hold the port the worker is about to listen on, and the poll would read its own
-// request as the answer.
-var errSelfConnection = fmt.Errorf("connected to itself, nothing listens there: %w", syscall.ECONNREFUSED)
-
-func isSelfConnection(c net.Conn) bool {
-	l, ok1 := c.LocalAddr().(*net.TCPAddr)
-	r, ok2 := c.RemoteAddr().(*net.TCPAddr)
-	return ok1 && ok2 && l.Port == r.Port && l.IP.Equal(r.IP)
 }
 
 func (p *poller) put(c *pollConn) {
