@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddy-sglang/caddy-sglang/internal/testports"
 )
 
 func TestMovePorts(t *testing.T) {
@@ -387,9 +389,9 @@ func demoCommand(t *testing.T, ctx context.Context, bin string, args ...string) 
 		"-caddy", filepath.Join(bin, "caddy"),
 		"-sim", filepath.Join(bin, "sglang-sim"),
 		"-config", filepath.Join("..", "..", "Caddyfile.example"),
-		"-http-port", strconv.Itoa(freePort(t)),
-		"-admin-port", strconv.Itoa(freePort(t)),
-		"-worker-port", strconv.Itoa(freePorts(t, workers)),
+		"-http-port", strconv.Itoa(testports.Free(t, 1)),
+		"-admin-port", strconv.Itoa(testports.Free(t, 1)),
+		"-worker-port", strconv.Itoa(testports.Free(t, workers)),
 		"-timeout", "90s",
 	}, args...)
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, "sglang-demo"), args...)
@@ -436,40 +438,6 @@ func tableRow(text, addr string) []string {
 		}
 	}
 	return nil
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// freePorts returns the first of n consecutive ports that are free on 127.0.0.1 right now.
-func freePorts(t *testing.T, n int) int {
-	t.Helper()
-	for range 100 {
-		base := freePort(t)
-		var ls []net.Listener
-		for i := range n {
-			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(base+i)))
-			if err != nil {
-				break
-			}
-			ls = append(ls, l)
-		}
-		for _, l := range ls {
-			l.Close()
-		}
-		if len(ls) == n {
-			return base
-		}
-	}
-	t.Fatalf("no %d consecutive free ports", n)
-	return 0
 }
 
 // assertNoSurvivors fails when a process runs a binary from dir: the demo must have stopped and reaped

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/caddy-sglang/caddy-sglang/grpcload/schedulerpb"
+	"github.com/caddy-sglang/caddy-sglang/internal/testports"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -57,16 +58,6 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // syncBuffer collects the log output of run, which writes from several goroutines.
 type syncBuffer struct {
 	mu sync.Mutex
@@ -86,7 +77,7 @@ func (s *syncBuffer) String() string {
 }
 
 func TestRunDownAndShutdown(t *testing.T) {
-	port, grpcPort := freePort(t), freePort(t)
+	port, grpcPort := testports.Free(t, 1), testports.Free(t, 1)
 	base := "http://127.0.0.1:" + strconv.Itoa(port)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -185,7 +176,7 @@ func TestRunPassesModelFlags(t *testing.T) {
 	ready := make(chan []*server, 1)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- run(ctx, []string{"-count", "1", "-base-port", strconv.Itoa(freePort(t)), "-prefix-cache=false",
+		errc <- run(ctx, []string{"-count", "1", "-base-port", strconv.Itoa(testports.Free(t, 1)), "-prefix-cache=false",
 			"-prefill-counters=false", "-finish-early", "0.3"}, io.Discard, ready)
 	}()
 	select {
