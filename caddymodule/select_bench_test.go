@@ -87,13 +87,18 @@ func (*rewindBody) Close() error { return nil }
 
 // BenchmarkSelectReadingBody is Select with a 16 KiB chat body that the policy reads: the cost metric
 // alone (read_body), and with affinity prefix. Each body is then read to its end in one Read, as a
-// transport sends it, which hands the head's buffer back for reuse. Two bodies: escapes, dense as in
-// code or quoted text (3 in 51 bytes), and prose (a newline in 81 bytes).
+// transport sends it, which hands the head's buffer back for reuse. Three bodies: escapes, dense as in
+// code or quoted text (3 in 51 bytes), and prose (a newline in 81 bytes), each sent again and again;
+// and prose-new, the prose with a number of its own at the start of each request, so that with
+// affinity every request is a prompt the index has not seen (after the first few thousand, each
+// evicts as many blocks as it records: the index is full).
 func BenchmarkSelectReadingBody(b *testing.B) {
+	prose := chatBodyOf(16<<10, `You are a careful assistant who answers briefly, cites sources and avoids jargon.\n`)
 	bodies := []struct {
 		name string
 		body []byte
-	}{{"escapes", chatBody(16 << 10)}, {"prose", chatBodyOf(16<<10, `You are a careful assistant who answers briefly, cites sources and avoids jargon.\n`)}}
+		new  bool
+	}{{"escapes", chatBody(16 << 10), false}, {"prose", prose, false}, {"prose-new", bytes.Clone(prose), true}}
 	for _, n := range []int{4, 64} {
 		pool := benchPool(n)
 		for _, v := range []struct{ name, affinity string }{{"cost", ""}, {"affinity_prefix", "prefix"}} {
@@ -107,7 +112,13 @@ func BenchmarkSelectReadingBody(b *testing.B) {
 					sent := make([]byte, 64<<10)
 					req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 					b.ReportAllocs()
+					content := bytes.Index(body.body, []byte(`"content":"`)) + len(`"content":"`)
+					var seq uint64
 					for b.Loop() {
+						if body.new {
+							seq++
+							number(body.body[content:content+16], seq)
+						}
 						rb.Reset(body.body)
 						req.Body, req.ContentLength = rb, int64(len(body.body))
 						if p.Select(pool, req, nil) == nil {
@@ -120,5 +131,13 @@ func BenchmarkSelectReadingBody(b *testing.B) {
 				})
 			}
 		}
+	}
+}
+
+// number writes n in hexadecimal over dst, allocation-free.
+func number(dst []byte, n uint64) {
+	for i := len(dst) - 1; i >= 0; i-- {
+		dst[i] = "0123456789abcdef"[n&15]
+		n >>= 4
 	}
 }
