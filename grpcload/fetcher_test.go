@@ -28,6 +28,8 @@ import (
 	"github.com/caddy-sglang/caddy-sglang/grpcload/schedulerpb"
 	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
 	"github.com/caddy-sglang/caddy-sglang/monitor"
+
+	"github.com/caddy-sglang/caddy-sglang/internal/testports"
 )
 
 var (
@@ -481,12 +483,7 @@ func TestNewRejectsBadTargets(t *testing.T) {
 // it as the source) fails as unreachable, says why, and leaves the port free for the worker. Binding
 // the source port to the target's makes the self-connection certain.
 func TestPollThatReachesItselfIsRefused(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().(*net.TCPAddr)
-	_ = ln.Close()
+	addr := testports.Unused(t)
 	f, err := grpcload.New(grpcload.Config{Target: addr.String()})
 	if err != nil {
 		t.Fatal(err)
@@ -500,7 +497,7 @@ func TestPollThatReachesItselfIsRefused(t *testing.T) {
 	if !errors.As(err, &se) || se.Code != codes.Unavailable || !strings.Contains(err.Error(), "connected to itself") {
 		t.Fatalf("poll of %s from %s: %v; want Unavailable, saying it connected to itself", addr, addr, err)
 	}
-	ln, err = net.Listen("tcp", addr.String())
+	ln, err := net.Listen("tcp", addr.String())
 	if err != nil {
 		t.Fatalf("the worker's port after the poll: %v", err)
 	}

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
+
+	"github.com/caddy-sglang/caddy-sglang/internal/testports"
 )
 
 const testKey = "sk-test-secret-7f3c9a1e"
@@ -670,12 +672,7 @@ func TestFetchRetriesClosedIdleConnection(t *testing.T) {
 // the source, since it is in the ephemeral range). The poll must fail as refused and let the port go,
 // so the worker can listen on it. Binding the source port makes the self-connection certain.
 func TestPollThatReachesItselfIsRefused(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().(*net.TCPAddr)
-	_ = ln.Close()
+	addr := testports.Unused(t)
 	f, err := New(Config{URL: "http://" + addr.String()})
 	if err != nil {
 		t.Fatal(err)
@@ -688,7 +685,7 @@ func TestPollThatReachesItselfIsRefused(t *testing.T) {
 	if !errors.Is(err, syscall.ECONNREFUSED) || !strings.Contains(err.Error(), "connected to itself") {
 		t.Fatalf("poll of %s from %s: %v; want a refusal that says it connected to itself", addr, addr, err)
 	}
-	ln, err = net.Listen("tcp", addr.String())
+	ln, err := net.Listen("tcp", addr.String())
 	if err != nil {
 		t.Fatalf("the worker's port after the poll: %v", err)
 	}

@@ -57,3 +57,16 @@ func ephemeralLow() int {
 	}
 	return 49152
 }
+
+// Unused returns a loopback address that was listened on a moment ago and no longer is: a port
+// nothing listens on, in the ephemeral range, where a dial from the port itself connects to itself.
+func Unused(t testing.TB) *net.TCPAddr {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().(*net.TCPAddr)
+	_ = l.Close()
+	return addr
+}
