@@ -12,6 +12,9 @@ type Config struct {
 	PrefillTokensPerSec float64
 	// MaxRunningRequests caps the running batch of each DP rank. Default 64.
 	MaxRunningRequests int
+	// MaxPrefillTokens is how many uncached prompt tokens one prefill batch takes, as SGLang's
+	// --max-prefill-tokens: the admitted requests behind that many report as waiting. Default 16384.
+	MaxPrefillTokens int64
 	// DPRanks is the number of data-parallel ranks; requests go to them round-robin. Default 1.
 	DPRanks int
 	// LegacyShape answers /v1/loads in the early-2026 shape: top-level dp_rank_count and aggregate,
@@ -50,6 +53,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxRunningRequests <= 0 {
 		c.MaxRunningRequests = 64
+	}
+	if c.MaxPrefillTokens <= 0 {
+		c.MaxPrefillTokens = 16384
 	}
 	if c.DPRanks <= 0 {
 		c.DPRanks = 1

@@ -32,7 +32,9 @@ import (
 //     long queue of prompts delays every request behind it, which is why queued uncached tokens predict
 //     queueing delay. total_prefill_uncached_tokens and total_prefill_busy_us count that stream's work
 //     and busy time, so their ratio between two polls is PrefillTokensPerSec. Prefill yields the first
-//     output token.
+//     output token. The admitted requests behind MaxPrefillTokens of prefill work are reported as SGLang
+//     reports the requests its prefill batch has not taken: waiting, their uncached tokens queued,
+//     their reservations not used.
 //   - Decode: each request in a batch of n decoding requests gains
 //     DecodeTokensPerSec / (1 + (n-1)/16) tokens per second, so a lone request decodes at
 //     DecodeTokensPerSec and the rank's total throughput saturates near 16 × DecodeTokensPerSec.
@@ -473,8 +475,8 @@ func (w *Worker) admit(rk *rank, now time.Time) {
 // RankLoad is one DP rank's load, as every load endpoint reports it.
 type RankLoad struct {
 	DPRank                int
-	Running               int     // num_running_reqs: admitted requests, prefilling or decoding
-	Waiting               int     // num_waiting_reqs
+	Running               int     // num_running_reqs: decoding, and in the prefill batch
+	Waiting               int     // num_waiting_reqs: queued, and admitted behind a prefill batch
 	WaitingUncachedTokens int64   // num_waiting_uncached_tokens: queued prompt tokens the cache did not cover
 	UsedTokens            int64   // num_used_tokens: KV tokens held by running requests
 	TotalTokens           int64   // num_total_tokens: used + queued prompt tokens
@@ -501,18 +503,19 @@ func (w *Worker) loadsLocked(now time.Time) []RankLoad {
 	out := make([]RankLoad, len(w.ranks))
 	for i, rk := range w.ranks {
 		tput, busy := rk.win.rates(at)
-		used := rk.used()
+		q := rk.prefillQueue(w.cfg.MaxPrefillTokens)
+		used := rk.used() - q.private
 		var hitRate float64
 		if rk.promptTokens > 0 {
 			hitRate = round(float64(rk.cachedTokens)/float64(rk.promptTokens), 4)
 		}
 		out[i] = RankLoad{
 			DPRank:                rk.id,
-			Running:               len(rk.running),
-			Waiting:               len(rk.waiting),
-			WaitingUncachedTokens: rk.waitingUncached,
+			Running:               len(rk.running) - q.requests,
+			Waiting:               len(rk.waiting) + q.requests,
+			WaitingUncachedTokens: rk.waitingUncached + q.uncached,
 			UsedTokens:            used,
-			TotalTokens:           used + rk.waitingPrompt,
+			TotalTokens:           used + rk.waitingPrompt + q.prompt,
 			MaxTotalTokens:        w.cfg.MaxTotalTokens,
 			MaxRunning:            w.cfg.MaxRunningRequests,
 			TokenUsage:            round(float64(used)/float64(w.cfg.MaxTotalTokens), 4),
@@ -525,6 +528,37 @@ func (w *Worker) loadsLocked(now time.Time) []RankLoad {
 		}
 	}
 	return out
+}
+
+// queuedPrefill is what a rank reports of the admitted requests that wait for the prefill stream.
+type queuedPrefill struct {
+	requests                  int
+	uncached, prompt, private int64
+}
+
+// prefillQueue sums the admitted requests that wait for the prefill stream behind batch uncached
+// tokens (the first always counts as prefilling, as a chunked prefill takes a longer prompt). SGLang
+// keeps such requests in its waiting queue until a prefill batch takes them, holding no KV: they count
+// as waiting, their uncached tokens as queued, and their reservations not as used.
+func (rk *rank) prefillQueue(batch int64) queuedPrefill {
+	var q queuedPrefill
+	var ahead int64
+	for _, r := range rk.running {
+		if r.state != statePrefill {
+			continue
+		}
+		left := int64(math.Ceil(r.prefillLeft))
+		if ahead == 0 || ahead+left <= batch {
+			ahead += max(left, 1) // in the batch being prefilled: running
+			continue
+		}
+		ahead = batch + 1 // later requests wait, even one that would fit
+		q.requests++
+		q.uncached += left
+		q.prompt += r.prompt
+		q.private += r.private
+	}
+	return q
 }
 
 func round(x float64, decimals int) float64 {

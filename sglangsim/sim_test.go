@@ -626,3 +626,33 @@ func TestDecodeSpeedModel(t *testing.T) {
 		t.Fatalf("running %d", got)
 	}
 }
+
+// Admitted requests behind a prefill batch's tokens are reported as SGLang reports the requests its
+// prefill batch has not taken: waiting, their uncached tokens queued, their reservations not in use.
+func TestPrefillQueueReportsAsWaiting(t *testing.T) {
+	w := New(Config{PrefillTokensPerSec: 1000, DecodeTokensPerSec: 100, DPRanks: 1, MaxTotalTokens: 10000, MaxPrefillTokens: 1000})
+	defer w.Close()
+	w.mu.Lock()
+	w.looping = true // drive the model by hand
+	start := time.Now()
+	w.last = start
+	rk := w.ranks[0]
+	for range 3 {
+		r := newRequest(0, sized(500, 10))
+		r.rank = rk
+		rk.waiting = append(rk.waiting, r)
+		rk.waitingPrompt += r.prompt
+	}
+	w.admit(rk, start)
+	w.step(start.Add(100 * time.Millisecond)) // 100 of the first prompt's 500 tokens prefilled
+	w.looping = false
+	w.mu.Unlock()
+
+	l := w.Loads()[0]
+	// The batch takes the first's 400 tokens left and the second's 500; the third's would pass 1000.
+	// Used: the two first requests' 510 reserved tokens each; total adds the queued prompt.
+	if l.Running != 2 || l.Waiting != 1 || l.WaitingUncachedTokens != 500 || l.UsedTokens != 1020 ||
+		l.TotalTokens != 1520 || l.TokenUsage != 0.102 {
+		t.Fatalf("loads %+v: want 2 running, 1 waiting with 500 uncached tokens, 1020 used, 1520 total", l)
+	}
+}
