@@ -138,7 +138,9 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	rkey := key.Blocks[min(len(key.Blocks), RendezvousBlocks)-1]
 	var top rendezvousTop
 	offer := func(i int, w Worker, load float64) {
-		top.offer(ranked{i: i, load: load, weight: positive(c.Weight(i)), u: uniform(rkey, w.Hash)})
+		if weight, u := positive(c.Weight(i)), uniform(rkey, w.Hash); !top.turnsAway(weight, u) {
+			top.offer(ranked{i: i, load: load, weight: weight, u: u})
+		}
 	}
 	var total float64
 	avail := 0
@@ -288,6 +290,12 @@ func (t *rendezvousTop) offer(c ranked) {
 		t.r[j] = t.r[j-1]
 	}
 	t.r[j] = c
+}
+
+// turnsAway says, without a call, that offer would turn away a candidate of weight and u: most
+// candidates of a large fleet of one weight.
+func (t *rendezvousTop) turnsAway(weight, u float64) bool {
+	return t.n == MaxPriced && !t.byScore && weight == t.weight && u <= t.r[MaxPriced-1].key
 }
 
 // weighed notes the first weight offered, or a second one: from then on candidates sort by score.
