@@ -25,11 +25,14 @@ const (
 )
 
 // HeaderWorker names the worker on every generate and chat response; HeaderQueueTime carries the
-// seconds the request waited for admission, so benchmarks can measure queueing through a proxy.
+// seconds the request waited for admission and HeaderFirstTokenTime the seconds from its arrival to its
+// first token (its prefill done), so benchmarks can tell queueing, prefill and decode apart through a
+// proxy, streamed or not.
 const (
-	HeaderWorker    = "X-Sglang-Sim-Worker"
-	HeaderQueueTime = "X-Sglang-Sim-Queue-Time"
-	HeaderDPRank    = "X-Sglang-Sim-Dp-Rank"
+	HeaderWorker         = "X-Sglang-Sim-Worker"
+	HeaderQueueTime      = "X-Sglang-Sim-Queue-Time"
+	HeaderFirstTokenTime = "X-Sglang-Sim-First-Token-Time"
+	HeaderDPRank         = "X-Sglang-Sim-Dp-Rank"
 )
 
 func promptTokens(textBytes int) int64 {
@@ -260,6 +263,7 @@ func (w *Worker) enqueue(rw http.ResponseWriter, r *http.Request, j job) *reques
 	}
 	h := rw.Header()
 	h.Set(HeaderQueueTime, strconv.FormatFloat(req.queueTime(), 'f', 6, 64))
+	h.Set(HeaderFirstTokenTime, strconv.FormatFloat(req.firstToken.Sub(req.enqueued).Seconds(), 'f', 6, 64))
 	h.Set(HeaderDPRank, strconv.Itoa(req.rank.id))
 	return req
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -654,5 +655,23 @@ func TestPrefillQueueReportsAsWaiting(t *testing.T) {
 	if l.Running != 2 || l.Waiting != 1 || l.WaitingUncachedTokens != 500 || l.UsedTokens != 1020 ||
 		l.TotalTokens != 1520 || l.TokenUsage != 0.102 {
 		t.Fatalf("loads %+v: want 2 running, 1 waiting with 500 uncached tokens, 1020 used, 1520 total", l)
+	}
+}
+
+// The first token's time reaches the client of an answer that is not streamed: a header, beside the
+// queue time, so a benchmark splits its latency into queue, prefill and decode.
+func TestFirstTokenTimeHeader(t *testing.T) {
+	_, base := startWorker(t, Config{Name: "test", PrefillTokensPerSec: 8000, DecodeTokensPerSec: 100})
+	start := time.Now()
+	resp, _ := do(t, "POST", base+"/generate", "", gen(800, 10)) // prefill 0.1 s, then 9 tokens at 100/s
+	elapsed := time.Since(start).Seconds()
+	queue, err1 := strconv.ParseFloat(resp.Header.Get(HeaderQueueTime), 64)
+	first, err2 := strconv.ParseFloat(resp.Header.Get(HeaderFirstTokenTime), 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("headers %v: %v, %v", resp.Header, err1, err2)
+	}
+	if queue < 0 || first < queue+0.1-tickEvery.Seconds() || first+0.09-tickEvery.Seconds() > elapsed {
+		t.Errorf("queue %.3f s, first token %.3f s, answer %.3f s: want queue <= first token - 0.1 s (prefill), "+
+			"first token <= answer - 0.09 s (decode)", queue, first, elapsed)
 	}
 }

@@ -276,14 +276,13 @@ func kvTable(b *strings.Builder, sr seedResults) {
 
 // tailTable describes, per policy, the requests that make its p99: the slowest 1% of each seed, pooled.
 func tailTable(b *strings.Builder, sr seedResults) {
-	b.WriteString("Why the p99: the slowest 1% of each seed's requests, pooled over seeds. queue: waiting for admission " +
-		"(the simulator's X-Sglang-Sim-Queue-Time); to first token: TTFT − queue (prefill, including the wait behind other " +
-		"prompts' prefill); decode: latency − TTFT. Only streamed requests have a TTFT: for the others the simulator reports " +
-		"no time to first token (it has one: an X-Sglang-Sim-First-Token-Time header or a usage.first_token_time field, seconds " +
-		"from arrival, would split them too), so after queue is prefill + decode together.\n\n")
-	fmt.Fprintf(b, "| policy | n | long | streamed | on %s | latency s | queue s | to first token s (streamed) | decode s (streamed) | after queue s (not streamed) |\n",
+	b.WriteString("Why the p99: the slowest 1% of each seed's requests, pooled over seeds, means. queue: waiting for " +
+		"admission; prefill: from admission to the first token, including the wait behind other prompts' prefill; decode: " +
+		"the rest of the latency, the proxy's and the network's share included. The worker measures the first two " +
+		"(the simulator's X-Sglang-Sim-Queue-Time and X-Sglang-Sim-First-Token-Time), streamed or not.\n\n")
+	fmt.Fprintf(b, "| policy | n | long | streamed | on %s | latency s | queue s | prefill s | decode s |\n",
 		strings.Join(workerLabels(), " / "))
-	b.WriteString("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|\n")
+	b.WriteString("|---|---:|---:|---:|---|---:|---:|---:|---:|\n")
 	for i, name := range sr.policies {
 		var t []sample
 		for _, r := range sr.byPolicy[i] {
@@ -298,40 +297,32 @@ func tailTable(b *strings.Builder, sr seedResults) {
 // where their time went (means).
 func describeTail(t []sample) string {
 	if len(t) == 0 {
-		return "0 | | | | | | | |"
+		return "0 | | | | | | |"
 	}
 	var long, streamed int
 	on := make([]int, len(workerScales))
-	var lat, queue, first, decode, after []float64
+	var lat, queue, prefill, decode []float64
 	for _, s := range t {
 		if s.long {
 			long++
+		}
+		if s.stream {
+			streamed++
 		}
 		if s.worker >= 0 {
 			on[s.worker]++
 		}
 		lat, queue = append(lat, s.latency.Seconds()), append(queue, s.queue)
-		if s.stream {
-			streamed++
-			first = append(first, s.ttft.Seconds()-s.queue)
-			decode = append(decode, (s.latency - s.ttft).Seconds())
-		} else {
-			after = append(after, s.latency.Seconds()-s.queue)
-		}
+		prefill = append(prefill, s.firstToken-s.queue)
+		decode = append(decode, s.latency.Seconds()-s.firstToken)
 	}
 	pct := func(k int) string { return fmt.Sprintf("%.0f%%", float64(k)*100/float64(len(t))) }
 	ons := make([]string, len(on))
 	for i, k := range on {
 		ons[i] = pct(k)
 	}
-	opt := func(xs []float64) string {
-		if len(xs) == 0 {
-			return "-"
-		}
-		return fmt.Sprintf("%.2f", mean(xs))
-	}
-	return fmt.Sprintf("%d | %s | %s | %s | %.2f | %.2f | %s | %s | %s", len(t), pct(long), pct(streamed), strings.Join(ons, " / "),
-		mean(lat), mean(queue), opt(first), opt(decode), opt(after))
+	return fmt.Sprintf("%d | %s | %s | %s | %.2f | %.2f | %.2f | %.2f", len(t), pct(long), pct(streamed), strings.Join(ons, " / "),
+		mean(lat), mean(queue), mean(prefill), mean(decode))
 }
 
 // qualitySVG draws the median p50, p90 and p99 latency per policy as horizontal bars, with the p99's

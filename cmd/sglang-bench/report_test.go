@@ -14,7 +14,7 @@ func fakeResults(figs map[string][2][]float64, order []string) seedResults {
 	for _, name := range order {
 		var rs []armResult
 		for i := range sr.seeds {
-			tail := sample{long: true, stream: true, worker: 0, latency: 10 * time.Second, ttft: 3 * time.Second, queue: 2}
+			tail := sample{long: true, stream: true, worker: 0, latency: 10 * time.Second, ttft: 3 * time.Second, queue: 2, firstToken: 2.5}
 			rs = append(rs, armResult{name: name, p50: figs[name][0][i], p90: figs[name][1][i] / 2, p99: figs[name][1][i],
 				ttftMean: 0.1, ttft90: 0.2, ttft99: 0.3, tokPerSec: 1000, share: []float64{0.2, 0.3, 0.5},
 				kvMean: []float64{0.7, 0.2, 0.1}, kvPeak: []float64{0.9, 0.5, 0.3}, pollsPerSec: []float64{1, 1, 1},
@@ -48,7 +48,7 @@ func TestQualityReport(t *testing.T) {
 		"| sglang_load power_of_two 10s | 0.60 | 1.00 | 0.30 | 1.00..1.00 | yes |",
 		"| least_conn | 70% / 90% | 20% / 50% | 10% / 30% |",
 		"Busy check: under least_conn the smallest worker's KV use peaks at 90% (90..90%) (mean 70% (70..70%)); above 70% on every seed: yes.",
-		"| least_conn | 3 | 100% | 100% | 100% / 0% / 0% | 10.00 | 2.00 | 1.00 | 7.00 | - |",
+		"| least_conn | 3 | 100% | 100% | 100% / 0% / 0% | 10.00 | 2.00 | 0.50 | 7.50 |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)

@@ -39,15 +39,17 @@ func sglangLoad(name string, interval time.Duration, lines ...string) policy {
 
 // sample is one request's outcome, as the client measured it.
 type sample struct {
-	job                 int
-	ok                  bool
-	long, stream        bool
-	worker              int // index in the fleet; -1 unknown
-	start, end          time.Time
-	latency, ttft       time.Duration
-	queue               float64 // seconds waiting for admission, from the simulator's header
-	prompt, cached, out int     // tokens, from the response's usage
-	failure             string  // why it failed, when it did
+	job           int
+	ok            bool
+	long, stream  bool
+	worker        int // index in the fleet; -1 unknown
+	start, end    time.Time
+	latency, ttft time.Duration
+	// queue is the seconds the request waited for admission, and firstToken from its arrival to its
+	// first token, as the worker measured them (the simulator's headers).
+	queue, firstToken   float64
+	prompt, cached, out int    // tokens, from the response's usage
+	failure             string // why it failed, when it did
 }
 
 // arm is one policy in one run: its own fleet, and its Caddy instances or router instances; requests
@@ -247,6 +249,7 @@ func (a *arm) send(ctx context.Context, j job, msgs []message, wantText bool) (s
 	defer resp.Body.Close()
 	s.worker = workerIndex(resp.Header.Get(sglangsim.HeaderWorker))
 	s.queue, _ = strconv.ParseFloat(resp.Header.Get(sglangsim.HeaderQueueTime), 64)
+	s.firstToken, _ = strconv.ParseFloat(resp.Header.Get(sglangsim.HeaderFirstTokenTime), 64)
 	var answer strings.Builder
 	if j.stream {
 		// The simulator sends the first chunk when prefill ends: the first data line is the first token.
