@@ -417,13 +417,8 @@ func TestStreamingCompletionsAndCachedUsage(t *testing.T) {
 // Under a random mix of shared prefixes, sizes, aborts and eviction, the pool's books balance at every
 // step and a drained worker holds nothing.
 func TestPrefixCacheAccounting(t *testing.T) {
-	w := New(Config{MaxTotalTokens: 3000, PrefillTokensPerSec: 20000, DecodeTokensPerSec: 500, MaxRunningRequests: 8, FinishEarly: 0.3})
-	defer w.Close()
-	w.mu.Lock()
-	w.looping = true // drive the model by hand
-	start := time.Now()
-	w.last = start
-	w.mu.Unlock()
+	w, start := handDriven(t, Config{MaxTotalTokens: 3000, PrefillTokensPerSec: 20000, DecodeTokensPerSec: 500, MaxRunningRequests: 8, FinishEarly: 0.3})
+	w.mu.Unlock() // each step below takes the lock; looping stays set, so the clock loop stays out
 	rng := rand.New(rand.NewPCG(1, 2))
 	prefixes := []string{strings.Repeat("a", 900), strings.Repeat("b", 2000), strings.Repeat("c", 300)}
 	check := func(at string) {

@@ -106,17 +106,9 @@ func TestFinishEarlyAcrossWorkers(t *testing.T) {
 
 // The prefill counters: their ratio between two polls is the configured prefill speed.
 func TestPrefillCounters(t *testing.T) {
-	w := New(Config{PrefillTokensPerSec: 1000, DecodeTokensPerSec: 1})
-	defer w.Close()
-	w.mu.Lock()
-	w.looping = true // drive the model by hand
-	start := time.Now()
-	w.last = start
-	rk := w.ranks[0]
-	r := newRequest(1, sized(500, 10))
-	r.rank = rk
-	rk.waiting = append(rk.waiting, r)
-	w.admit(rk, start)
+	w, start := handDriven(t, Config{PrefillTokensPerSec: 1000, DecodeTokensPerSec: 1})
+	queueByHand(w, sized(500, 10))
+	w.admit(w.ranks[0], start)
 	steps := []struct {
 		at         time.Duration
 		tokens, us int64
@@ -133,8 +125,7 @@ func TestPrefillCounters(t *testing.T) {
 			t.Fatalf("at %v: %d tokens, %d us; want %d, %d", s.at, l.PrefillUncachedTokens, l.PrefillBusyMicros, s.tokens, s.us)
 		}
 	}
-	w.looping = false
-	w.mu.Unlock()
+	handBack(w)
 
 	// Over HTTP, two polls around a request.
 	cfg := fastConfig()

@@ -228,3 +228,31 @@ func await(t *testing.T, ch <-chan result) result {
 	}
 	panic("unreachable")
 }
+
+// handDriven makes a worker whose model moves only when the test steps it, and returns it locked, with
+// the moment its model starts at. handBack unlocks it.
+func handDriven(t *testing.T, cfg Config) (*Worker, time.Time) {
+	t.Helper()
+	w := New(cfg)
+	t.Cleanup(w.Close)
+	w.mu.Lock()
+	w.looping = true // keeps the clock loop out
+	w.last = time.Now()
+	return w, w.last
+}
+
+// handBack unlocks a hand-driven worker; its clock loop starts with the next request.
+func handBack(w *Worker) {
+	w.looping = false
+	w.mu.Unlock()
+}
+
+// queueByHand queues a request of j on the worker's first rank, as submit does; w.mu must be held.
+func queueByHand(w *Worker, j job) *request {
+	rk := w.ranks[0]
+	r := newRequest(0, j)
+	r.rank = rk
+	rk.waiting = append(rk.waiting, r)
+	rk.waitingPrompt += r.prompt
+	return r
+}

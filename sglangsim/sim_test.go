@@ -598,25 +598,15 @@ func TestIdleWorkersAreFree(t *testing.T) {
 
 // The decode model: a lone request decodes at DecodeTokensPerSec, a batch shares the speed-up.
 func TestDecodeSpeedModel(t *testing.T) {
-	w := New(Config{PrefillTokensPerSec: 1e9, DecodeTokensPerSec: 100, DPRanks: 1})
-	defer w.Close()
-	w.mu.Lock()
-	// Drive the model by hand: no waiting on the clock.
-	w.looping = true // keep the real loop out
-	start := time.Now()
-	w.last = start
+	w, start := handDriven(t, Config{PrefillTokensPerSec: 1e9, DecodeTokensPerSec: 100, DPRanks: 1})
 	var reqs []*request
 	for range 17 {
-		r := newRequest(0, sized(1, 1000))
-		r.rank = w.ranks[0]
-		w.ranks[0].waiting = append(w.ranks[0].waiting, r)
-		reqs = append(reqs, r)
+		reqs = append(reqs, queueByHand(w, sized(1, 1000)))
 	}
 	w.admit(w.ranks[0], start)
 	w.step(start.Add(time.Millisecond))        // prefill: first token each
 	w.step(start.Add(1001 * time.Millisecond)) // one second of decode with 17 in the batch
-	w.looping = false
-	w.mu.Unlock()
+	handBack(w)
 	// 100 / (1 + 16/16) = 50 tokens/s each, plus the first token from prefill.
 	for _, r := range reqs {
 		if got := r.emitted.Load(); got != 51 {
@@ -631,23 +621,13 @@ func TestDecodeSpeedModel(t *testing.T) {
 // Admitted requests behind a prefill batch's tokens are reported as SGLang reports the requests its
 // prefill batch has not taken: waiting, their uncached tokens queued, their reservations not in use.
 func TestPrefillQueueReportsAsWaiting(t *testing.T) {
-	w := New(Config{PrefillTokensPerSec: 1000, DecodeTokensPerSec: 100, DPRanks: 1, MaxTotalTokens: 10000, MaxPrefillTokens: 1000})
-	defer w.Close()
-	w.mu.Lock()
-	w.looping = true // drive the model by hand
-	start := time.Now()
-	w.last = start
-	rk := w.ranks[0]
+	w, start := handDriven(t, Config{PrefillTokensPerSec: 1000, DecodeTokensPerSec: 100, DPRanks: 1, MaxTotalTokens: 10000, MaxPrefillTokens: 1000})
 	for range 3 {
-		r := newRequest(0, sized(500, 10))
-		r.rank = rk
-		rk.waiting = append(rk.waiting, r)
-		rk.waitingPrompt += r.prompt
+		queueByHand(w, sized(500, 10))
 	}
-	w.admit(rk, start)
+	w.admit(w.ranks[0], start)
 	w.step(start.Add(100 * time.Millisecond)) // 100 of the first prompt's 500 tokens prefilled
-	w.looping = false
-	w.mu.Unlock()
+	handBack(w)
 
 	l := w.Loads()[0]
 	// The batch takes the first's 400 tokens left and the second's 500; the third's would pass 1000.
