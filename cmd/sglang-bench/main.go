@@ -48,7 +48,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	seeds := fs.String("seeds", "1,2,3,4,5", "workload seeds, comma list; every policy runs every seed")
 	rates := fs.String("rates", "", "mean arrival rates, requests/s (Poisson), comma list (default: quality 8,24; replicas 24; affinity 4,8)")
 	fs.IntVar(&q.requests, "requests", 2000, "requests per policy and seed (affinity: at most this many of each workload)")
-	fs.IntVar(&q.parallel, "parallel", 0, "seeds run at once; 0: up to 3, as many as keep the offered load (rate × policies × seeds) near 11 × 24 requests/s (the policies of a seed always run at once)")
+	fs.IntVar(&q.parallel, "parallel", 0, "seeds run at once; 0: quality and replicas up to 3, as many as keep the offered load (rate × policies × seeds) near 11 × 24 requests/s, affinity 1 (the policies of a seed always run at once)")
 	fs.StringVar(&q.only, "policies", "", "comma list of policy names to run (default: all of the mode)")
 	instances := fs.String("instances", "1,3", "replicas, affinity: Caddy (or router) instance counts to compare, comma list")
 	var af affinityOptions

@@ -31,6 +31,14 @@ const (
 	maxSeedsAtOnce = 3
 )
 
+// affinitySeedsAtOnce is how many seeds the affinity mode runs side by side: one unless -parallel says
+// otherwise. Its TTFT ratios are tens of milliseconds against a hundred, and a busy machine's scheduling
+// delays, the same for every arm, pull them towards 1: shared prefix at 8/s, TTFT p90 ÷ load alone 0.13
+// with one seed of eight arms at a time (the machine 34–68% busy), 0.53 with seeds side by side (71–87%).
+func (o qualityOptions) affinitySeedsAtOnce() int {
+	return max(o.parallel, 1)
+}
+
 func (o qualityOptions) seedsAtOnce(rate float64, arms int) int {
 	if o.parallel > 0 {
 		return o.parallel
