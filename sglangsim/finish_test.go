@@ -107,7 +107,7 @@ func TestFinishEarlyAcrossWorkers(t *testing.T) {
 // The prefill counters: their ratio between two polls is the configured prefill speed.
 func TestPrefillCounters(t *testing.T) {
 	w, start := handDriven(t, Config{PrefillTokensPerSec: 1000, DecodeTokensPerSec: 1})
-	queueByHand(w, sized(500, 10))
+	queueByHand(w, sized(500, 10), start)
 	w.admit(w.ranks[0], start)
 	steps := []struct {
 		at         time.Duration

@@ -247,12 +247,9 @@ func handBack(w *Worker) {
 	w.mu.Unlock()
 }
 
-// queueByHand queues a request of j on the worker's first rank, as submit does; w.mu must be held.
-func queueByHand(w *Worker, j job) *request {
-	rk := w.ranks[0]
+// queueByHand queues a request of j on the worker's first rank, arrived at the moment given; w.mu must be held.
+func queueByHand(w *Worker, j job, at time.Time) *request {
 	r := newRequest(0, j)
-	r.rank = rk
-	rk.waiting = append(rk.waiting, r)
-	rk.waitingPrompt += r.prompt
+	w.ranks[0].queue(r, at)
 	return r
 }

@@ -267,11 +267,7 @@ func (w *Worker) submit(j job) (*request, error) {
 	}
 	now := time.Now()
 	rk := w.ranks[dpRank]
-	r.rank, r.enqueued = rk, now
-	r.waitUncached = r.prompt - prefixTokens(r.blocks[:rk.cache.match(r.blocks)])
-	rk.waiting = append(rk.waiting, r)
-	rk.waitingPrompt += r.prompt
-	rk.waitingUncached += r.waitUncached
+	rk.queue(r, now)
 	if !w.looping {
 		w.looping = true
 		w.last = now
@@ -279,6 +275,15 @@ func (w *Worker) submit(j job) (*request, error) {
 	}
 	w.admit(rk, now)
 	return r, nil
+}
+
+// queue puts r at the end of the rank's waiting queue, arrived at now.
+func (rk *rank) queue(r *request, now time.Time) {
+	r.rank, r.enqueued = rk, now
+	r.waitUncached = r.prompt - prefixTokens(r.blocks[:rk.cache.match(r.blocks)])
+	rk.waiting = append(rk.waiting, r)
+	rk.waitingPrompt += r.prompt
+	rk.waitingUncached += r.waitUncached
 }
 
 // abort removes a request whose client went away and frees its KV.

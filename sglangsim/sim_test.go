@@ -601,7 +601,7 @@ func TestDecodeSpeedModel(t *testing.T) {
 	w, start := handDriven(t, Config{PrefillTokensPerSec: 1e9, DecodeTokensPerSec: 100, DPRanks: 1})
 	var reqs []*request
 	for range 17 {
-		reqs = append(reqs, queueByHand(w, sized(1, 1000)))
+		reqs = append(reqs, queueByHand(w, sized(1, 1000), start))
 	}
 	w.admit(w.ranks[0], start)
 	w.step(start.Add(time.Millisecond))        // prefill: first token each
@@ -623,7 +623,7 @@ func TestDecodeSpeedModel(t *testing.T) {
 func TestPrefillQueueReportsAsWaiting(t *testing.T) {
 	w, start := handDriven(t, Config{PrefillTokensPerSec: 1000, DecodeTokensPerSec: 100, DPRanks: 1, MaxTotalTokens: 10000, MaxPrefillTokens: 1000})
 	for range 3 {
-		queueByHand(w, sized(500, 10))
+		queueByHand(w, sized(500, 10), start)
 	}
 	w.admit(w.ranks[0], start)
 	w.step(start.Add(100 * time.Millisecond)) // 100 of the first prompt's 500 tokens prefilled
