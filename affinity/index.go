@@ -6,7 +6,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// DefaultMaxBytes is the index's default memory cap: 16 MiB, 393,216 blocks (96 MiB of prompt text
+// DefaultMaxBytes is the index's default memory cap: 16 MiB, 349,520 blocks (85 MiB of prompt text
 // at BlockBytes a block).
 const DefaultMaxBytes = 16 << 20
 
@@ -14,11 +14,13 @@ const DefaultMaxBytes = 16 << 20
 // hot enough to spill over more workers is still found on the four that had it last.
 const Holders = 4
 
-// A block takes 32 bytes in its shard's entries and, at most three quarters full, 8/0.75 bytes of
-// its hash table.
+// A block takes 32 bytes in its shard's entries and two 8-byte slots of its hash table, which is at
+// most half full: at three quarters, a new block's probe and an evicted one's removal walked clusters
+// long enough to cost a third more per block recorded.
 const (
-	entrySize = 32
-	slotSize  = 8
+	entrySize     = 32
+	slotSize      = 8
+	slotsPerEntry = 2
 )
 
 const shardCount = 16
@@ -47,11 +49,7 @@ func NewIndex(maxBytes int) *Index {
 	if maxBytes <= 0 {
 		maxBytes = DefaultMaxBytes
 	}
-	// The largest table whose slots and three quarters as many entries fit a shard's share.
-	slots := 4
-	for (2*slots)*slotSize+(2*slots)*3/4*entrySize <= maxBytes/shardCount {
-		slots *= 2
-	}
+	slots := max(maxBytes/shardCount/(slotSize+entrySize/slotsPerEntry), 4)
 	x := &Index{workers: make(map[string]uint32)}
 	for i := range x.shards {
 		x.shards[i].init(slots)
@@ -85,19 +83,48 @@ func (x *Index) Record(blocks []uint64, w Worker) {
 		return
 	}
 	held := x.depth(blocks, w.ID)
-	for i := len(blocks) - 1; i >= held; i-- {
-		x.record(blocks[i], w.ID)
+	for end := len(blocks); end > held; end -= recordBatch {
+		x.recordDeepestFirst(blocks[max(held, end-recordBatch):end], w.ID)
 	}
 	if held > 0 {
-		x.record(blocks[0], w.ID)
+		s := x.shard(blocks[0])
+		s.mu.Lock()
+		s.record(blocks[0], w.ID)
+		s.mu.Unlock()
 	}
 }
 
-func (x *Index) record(block uint64, id uint32) {
-	s := x.shard(block)
-	s.mu.Lock()
-	s.record(block, id)
-	s.mu.Unlock()
+// recordBatch is how many blocks recordDeepestFirst sorts on its stack.
+const recordBatch = MaxBlocks
+
+// recordDeepestFirst records up to recordBatch blocks, the last first, taking each shard's lock once:
+// a new key's blocks fall in every shard, and a lock per block cost more than the records.
+func (x *Index) recordDeepestFirst(blocks []uint64, id uint32) {
+	var start [shardCount + 1]uint8
+	for _, b := range blocks {
+		start[b>>60+1]++
+	}
+	for i := 1; i <= shardCount; i++ {
+		start[i] += start[i-1]
+	}
+	var sorted [recordBatch]uint64 // by shard, and in each shard the last block first
+	next := start
+	for i := len(blocks) - 1; i >= 0; i-- {
+		b := blocks[i]
+		sorted[next[b>>60]] = b
+		next[b>>60]++
+	}
+	for i := range shardCount {
+		if start[i] == start[i+1] {
+			continue
+		}
+		s := &x.shards[i]
+		s.mu.Lock()
+		for _, b := range sorted[start[i]:start[i+1]] {
+			s.record(b, id)
+		}
+		s.mu.Unlock()
+	}
 }
 
 // Match returns how many leading blocks w holds.
@@ -235,15 +262,18 @@ func (s *shard) init(maxSlots int) {
 	s.head = -1
 }
 
-func (s *shard) limit() int { return s.maxSlots * 3 / 4 }
+func (s *shard) limit() int { return s.maxSlots / slotsPerEntry }
+
+// home is the slot where a probe for a hash starts (multiply and shift: the table's size need not be
+// a power of two, so a memory cap is used whole).
+func (s *shard) home(hash uint64) int { return int(uint64(uint32(hash)) * uint64(len(s.slots)) >> 32) }
 
 func tag(hash uint64) uint64 { return hash << 32 }
 
 // find returns the slot of hash, or the empty slot where it would go.
 func (s *shard) find(hash uint64) (slot int, found bool) {
-	mask := len(s.slots) - 1
 	t := tag(hash)
-	for i := int(hash) & mask; ; i = (i + 1) & mask {
+	for i := s.home(hash); ; i = s.after(i) {
 		v := s.slots[i]
 		if v == 0 {
 			return i, false
@@ -295,27 +325,34 @@ func (s *shard) record(hash uint64, id uint32) {
 }
 
 func (s *shard) insert(hash uint64, i int32) {
-	if len(s.entries) > len(s.slots)*3/4 {
+	if len(s.entries) > len(s.slots)/slotsPerEntry {
 		s.grow()
 	}
 	slot, _ := s.find(hash)
 	s.slots[slot] = tag(hash) | uint64(i+1)
 }
 
-// grow doubles the table and puts every entry back.
+// grow doubles the table, up to its largest, and puts every entry back.
 func (s *shard) grow() {
-	s.slots = make([]uint64, 2*len(s.slots))
+	s.slots = make([]uint64, min(2*len(s.slots), s.maxSlots))
 	for i := range s.entries {
 		slot, _ := s.find(s.entries[i].hash)
 		s.slots[slot] = tag(s.entries[i].hash) | uint64(i+1)
 	}
 }
 
+// after is the slot that follows i, wrapping at the end.
+func (s *shard) after(i int) int {
+	if i++; i == len(s.slots) {
+		return 0
+	}
+	return i
+}
+
 // remove empties slot i, shifting back the entries after it that probed past it.
 func (s *shard) remove(i int) {
-	mask := len(s.slots) - 1
-	for j := (i + 1) & mask; s.slots[j] != 0; j = (j + 1) & mask {
-		home := int(s.slots[j]>>32) & mask
+	for j := s.after(i); s.slots[j] != 0; j = s.after(j) {
+		home := s.home(s.slots[j] >> 32)
 		// The entry at j may fill i unless its home lies cyclically in (i, j].
 		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
 			s.slots[i] = s.slots[j]

@@ -221,3 +221,28 @@ func TestIndexConcurrent(t *testing.T) {
 		t.Fatalf("per-worker blocks sum to %d for %d entries", sum, x.Len())
 	}
 }
+
+// BenchmarkRecordNewKey records a 64-block key that no worker has sent before into a full index of the
+// default size: a unique 16 KiB prompt, each of whose blocks evicts one.
+func BenchmarkRecordNewKey(b *testing.B) {
+	x := NewIndex(DefaultMaxBytes)
+	w := x.Worker("a")
+	key := make([]uint64, MaxBlocks)
+	var seq uint64
+	newKey := func() {
+		seq++
+		h := mix(seedText, seq)
+		for i := range key {
+			h = mix(h, uint64(i))
+			key[i] = h
+		}
+	}
+	for x.Len() < shardCount*x.shards[0].limit()*99/100 {
+		newKey()
+		x.Record(key, w)
+	}
+	for b.Loop() {
+		newKey()
+		x.Record(key, w)
+	}
+}
