@@ -6,7 +6,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// DefaultMaxBytes is the index's default memory cap: 16 MiB, 349,520 blocks (85 MiB of prompt text
+// DefaultMaxBytes is the index's default memory cap: 16 MiB, 524,288 blocks (128 MiB of prompt text
 // at BlockBytes a block).
 const DefaultMaxBytes = 16 << 20
 
@@ -14,13 +14,10 @@ const DefaultMaxBytes = 16 << 20
 // hot enough to spill over more workers is still found on the four that had it last.
 const Holders = 4
 
-// A block takes 32 bytes in its shard's entries and two 8-byte slots of its hash table, which is at
-// most half full: at three quarters, a new block's probe and an evicted one's removal walked clusters
-// long enough to cost a third more per block recorded.
+// A block takes one 32-byte entry in a bucket of ways entries.
 const (
-	entrySize     = 32
-	slotSize      = 8
-	slotsPerEntry = 2
+	entrySize = 32
+	ways      = 4
 )
 
 const shardCount = 16
@@ -34,8 +31,11 @@ type Worker struct {
 	Hash uint64
 }
 
-// Index remembers which workers recently received which blocks, within a memory cap, evicting the
-// least recently used block first. It is safe for concurrent use; each block's lookup takes the lock
+// Index remembers which workers recently received which blocks, within a memory cap. A block has a
+// bucket of 4 entries, found from its hash; a new block takes the bucket's least recently used entry
+// once the index has grown to its cap, so recording a block touches one bucket and no list or probe
+// sequence (a least-recently-used list over a hash table cost about 100 ns a block, most of it in
+// cache misses: a unique 16 KiB prompt is 64 blocks). It is safe for concurrent use; each block's lookup takes the lock
 // of one of 16 shards.
 type Index struct {
 	shards [shardCount]shard
@@ -49,10 +49,10 @@ func NewIndex(maxBytes int) *Index {
 	if maxBytes <= 0 {
 		maxBytes = DefaultMaxBytes
 	}
-	slots := max(maxBytes/shardCount/(slotSize+entrySize/slotsPerEntry), 4)
+	buckets := max(maxBytes/shardCount/(ways*entrySize), 1)
 	x := &Index{workers: make(map[string]uint32)}
 	for i := range x.shards {
-		x.shards[i].init(slots)
+		x.shards[i].init(buckets)
 	}
 	return x
 }
@@ -76,15 +76,16 @@ func (x *Index) Worker(name string) Worker {
 func (x *Index) shard(block uint64) *shard { return &x.shards[block>>60] }
 
 // Record notes that w received the blocks. Only the blocks w did not hold are written, deepest first,
-// and the first block is touched: the first block of a prefix is its most recently used, and eviction
-// takes a prefix's blocks from the end of what each request added. On a nil Index it does nothing.
+// and the first block is touched: the first block of a prefix is its most recently used, and where a
+// prefix's blocks share a bucket, eviction takes them from the end of what each request added. On a
+// nil Index it does nothing.
 func (x *Index) Record(blocks []uint64, w Worker) {
 	if x == nil || w.ID == 0 || len(blocks) == 0 {
 		return
 	}
 	held := x.depth(blocks, w.ID)
-	for end := len(blocks); end > held; end -= recordBatch {
-		x.recordDeepestFirst(blocks[max(held, end-recordBatch):end], w.ID)
+	if held < len(blocks) {
+		x.recordDeepestFirst(blocks[held:], w.ID)
 	}
 	if held > 0 {
 		s := x.shard(blocks[0])
@@ -94,36 +95,34 @@ func (x *Index) Record(blocks []uint64, w Worker) {
 	}
 }
 
-// recordBatch is how many blocks recordDeepestFirst sorts on its stack.
-const recordBatch = MaxBlocks
-
-// recordDeepestFirst records up to recordBatch blocks, the last first, taking each shard's lock once:
-// a new key's blocks fall in every shard, and a lock per block cost more than the records.
+// recordDeepestFirst records the blocks, the last first. A new key's blocks fall in every shard and
+// each in a bucket of its own that is rarely in the cache: it takes the locks of their shards
+// together (in shard order, the only order in which the index takes more than one) and reads every
+// bucket before it writes any, so that their cache misses overlap instead of coming one per block.
+// Recording a unique 16 KiB prompt holds the locks for a few microseconds.
 func (x *Index) recordDeepestFirst(blocks []uint64, id uint32) {
-	var start [shardCount + 1]uint8
+	var locked uint32
 	for _, b := range blocks {
-		start[b>>60+1]++
-	}
-	for i := 1; i <= shardCount; i++ {
-		start[i] += start[i-1]
-	}
-	var sorted [recordBatch]uint64 // by shard, and in each shard the last block first
-	next := start
-	for i := len(blocks) - 1; i >= 0; i-- {
-		b := blocks[i]
-		sorted[next[b>>60]] = b
-		next[b>>60]++
+		locked |= 1 << (b >> 60)
 	}
 	for i := range shardCount {
-		if start[i] == start[i+1] {
-			continue
+		if locked&(1<<i) != 0 {
+			x.shards[i].mu.Lock()
 		}
-		s := &x.shards[i]
-		s.mu.Lock()
-		for _, b := range sorted[start[i]:start[i+1]] {
-			s.record(b, id)
+	}
+	var sum uint64
+	for _, h := range blocks {
+		b := x.shard(h).bucketOf(h)
+		sum += b[0].used + b[ways-1].used
+	}
+	x.shard(blocks[0]).touched = sum // keeps the loads
+	for i := len(blocks) - 1; i >= 0; i-- {
+		x.shard(blocks[i]).record(blocks[i], id)
+	}
+	for i := range shardCount {
+		if locked&(1<<i) != 0 {
+			x.shards[i].mu.Unlock()
 		}
-		s.mu.Unlock()
 	}
 }
 
@@ -220,18 +219,17 @@ func (x *Index) Len() int {
 	for i := range x.shards {
 		s := &x.shards[i]
 		s.mu.Lock()
-		n += len(s.entries)
+		n += s.len
 		s.mu.Unlock()
 	}
 	return n
 }
 
-// entry is one block. Entries live in their shard's slice and link into its LRU list by position,
-// so the index holds no pointers for the garbage collector to trace.
+// entry is one block.
 type entry struct {
-	hash       uint64
-	holders    [Holders]uint32 // most recent first; 0 is free
-	prev, next int32
+	hash    uint64
+	holders [Holders]uint32 // most recent first; 0 is free, and an entry with no holder is empty
+	used    uint64          // its shard's clock when last recorded
 }
 
 func (e *entry) holds(id uint32) bool {
@@ -243,70 +241,55 @@ func (e *entry) holds(id uint32) bool {
 	return false
 }
 
-// shard is an LRU set of entries found through an open-addressing hash table (linear probing,
-// deletion by backward shift, so no tombstones lengthen the probes as entries come and go). A slot holds
-// the entry's position + 1 in the low 32 bits (0: empty) and the low 32 bits of its hash above: its
-// home slot, and enough of the hash that a probe rarely reads an entry that is not the one sought.
+type bucket [ways]entry
+
+// shard is a set-associative table of entries: a block lives in the bucket its hash picks. The table
+// starts small and doubles, up to maxBuckets, when a new block finds its bucket full; at its largest,
+// a new block replaces the least recently used entry of its bucket.
 type shard struct {
-	mu        sync.Mutex
-	slots     []uint64
-	maxSlots  int
-	entries   []entry
-	head      int32   // most recently used, -1 when empty
-	perWorker []int64 // blocks held, by worker ID
+	mu         sync.Mutex
+	buckets    []bucket
+	maxBuckets int
+	clock      uint64
+	len        int
+	perWorker  []int64 // blocks held, by worker ID
+	touched    uint64  // what recordDeepestFirst read ahead, kept so that its loads are not dropped
 }
 
-func (s *shard) init(maxSlots int) {
-	s.maxSlots = maxSlots
-	s.slots = make([]uint64, min(256, maxSlots))
-	s.head = -1
+func (s *shard) init(maxBuckets int) {
+	s.maxBuckets = maxBuckets
+	s.buckets = make([]bucket, min(16, maxBuckets))
 }
 
-func (s *shard) limit() int { return s.maxSlots / slotsPerEntry }
+// limit is how many blocks the shard holds at most.
+func (s *shard) limit() int { return s.maxBuckets * ways }
 
-// home is the slot where a probe for a hash starts (multiply and shift: the table's size need not be
-// a power of two, so a memory cap is used whole).
-func (s *shard) home(hash uint64) int { return int(uint64(uint32(hash)) * uint64(len(s.slots)) >> 32) }
-
-func tag(hash uint64) uint64 { return hash << 32 }
-
-// find returns the slot of hash, or the empty slot where it would go.
-func (s *shard) find(hash uint64) (slot int, found bool) {
-	t := tag(hash)
-	for i := s.home(hash); ; i = s.after(i) {
-		v := s.slots[i]
-		if v == 0 {
-			return i, false
-		}
-		if v&^(1<<32-1) == t && s.entries[uint32(v)-1].hash == hash {
-			return i, true
-		}
-	}
+// bucketOf picks a block's bucket by multiply and shift of its hash's low half (the high bits pick
+// the shard): the table's size need not be a power of two, so a memory cap is used whole, and a
+// bucket's blocks split between two when the table doubles.
+func (s *shard) bucketOf(hash uint64) *bucket {
+	return &s.buckets[uint64(uint32(hash))*uint64(len(s.buckets))>>32]
 }
 
 func (s *shard) lookup(hash uint64) (*entry, bool) {
-	i, ok := s.find(hash)
-	if !ok {
-		return nil, false
+	b := s.bucketOf(hash)
+	for i := range b {
+		if b[i].hash == hash && b[i].holders[0] != 0 {
+			return &b[i], true
+		}
 	}
-	return &s.entries[uint32(s.slots[i])-1], true
+	return nil, false
 }
 
 func (s *shard) record(hash uint64, id uint32) {
-	slot, ok := s.find(hash)
-	var i int32
-	if ok {
-		if i = int32(uint32(s.slots[slot]) - 1); i != s.head {
-			s.unlink(i)
-			s.pushFront(i)
-		}
-	} else {
-		i = s.claim()
-		s.entries[i] = entry{hash: hash}
-		s.pushFront(i)
-		s.insert(hash, i)
+	s.clock++
+	e := s.entryFor(hash)
+	if e.holders[0] == 0 || e.hash != hash {
+		s.evict(e)
+		*e = entry{hash: hash}
+		s.len++
 	}
-	e := &s.entries[i]
+	e.used = s.clock
 	pos := Holders - 1 // where id is, or the oldest holder it pushes out
 	for j, h := range e.holders {
 		if h == id {
@@ -324,66 +307,81 @@ func (s *shard) record(hash uint64, id uint32) {
 	e.holders[0] = id
 }
 
-func (s *shard) insert(hash uint64, i int32) {
-	if len(s.entries) > len(s.slots)/slotsPerEntry {
+// entryFor returns hash's entry, else an empty one in its bucket (growing the table when the bucket
+// is full and the table is not at its largest), else the bucket's least recently used.
+func (s *shard) entryFor(hash uint64) *entry {
+	b := s.bucketOf(hash)
+	free, oldest := -1, -1
+	for i := range b {
+		switch e := &b[i]; {
+		case e.holders[0] == 0:
+			if free < 0 {
+				free = i
+			}
+		case e.hash == hash:
+			return e
+		case oldest < 0 || e.used < b[oldest].used:
+			oldest = i
+		}
+	}
+	if free >= 0 {
+		return &b[free]
+	}
+	if len(s.buckets) < s.maxBuckets {
 		s.grow()
+		return s.entryFor(hash)
 	}
-	slot, _ := s.find(hash)
-	s.slots[slot] = tag(hash) | uint64(i+1)
+	return &b[oldest]
 }
 
-// grow doubles the table, up to its largest, and puts every entry back.
-func (s *shard) grow() {
-	s.slots = make([]uint64, min(2*len(s.slots), s.maxSlots))
-	for i := range s.entries {
-		slot, _ := s.find(s.entries[i].hash)
-		s.slots[slot] = tag(s.entries[i].hash) | uint64(i+1)
+// evict empties e, if it holds a block.
+func (s *shard) evict(e *entry) {
+	if e.holders[0] == 0 {
+		return
 	}
-}
-
-// after is the slot that follows i, wrapping at the end.
-func (s *shard) after(i int) int {
-	if i++; i == len(s.slots) {
-		return 0
-	}
-	return i
-}
-
-// remove empties slot i, shifting back the entries after it that probed past it.
-func (s *shard) remove(i int) {
-	for j := s.after(i); s.slots[j] != 0; j = s.after(j) {
-		home := s.home(s.slots[j] >> 32)
-		// The entry at j may fill i unless its home lies cyclically in (i, j].
-		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
-			s.slots[i] = s.slots[j]
-			i = j
-		}
-	}
-	s.slots[i] = 0
-}
-
-// claim returns a free entry: a new one under the limit, else the least recently used one's.
-func (s *shard) claim() int32 {
-	if len(s.entries) < s.limit() {
-		if len(s.entries) == cap(s.entries) { // grow by doubling, never past the limit
-			grown := make([]entry, len(s.entries), min(max(2*cap(s.entries), 64), s.limit()))
-			copy(grown, s.entries)
-			s.entries = grown
-		}
-		s.entries = append(s.entries, entry{})
-		return int32(len(s.entries) - 1)
-	}
-	tail := s.entries[s.head].prev
-	e := &s.entries[tail]
 	for _, h := range e.holders {
 		if h != 0 {
 			s.count(h, -1)
 		}
 	}
-	slot, _ := s.find(e.hash)
-	s.remove(slot)
-	s.unlink(tail)
-	return tail
+	*e = entry{}
+	s.len--
+}
+
+// grow doubles the table, up to its largest, and puts every entry back in its new bucket. A bucket of
+// the doubled table takes the entries of one old bucket at most, but the last step, to a size short
+// of double, can crowd one: its least recently used entries are evicted.
+func (s *shard) grow() {
+	old := s.buckets
+	s.buckets = make([]bucket, min(2*len(old), s.maxBuckets))
+	for i := range old {
+		for j := range old[i] {
+			e := &old[i][j]
+			if e.holders[0] == 0 {
+				continue
+			}
+			b := s.bucketOf(e.hash)
+			k := 0
+			for k < ways && b[k].holders[0] != 0 {
+				k++
+			}
+			if k == ways { // crowded: keep the more recent
+				k = 0
+				for m := range b {
+					if b[m].used < b[k].used {
+						k = m
+					}
+				}
+				if b[k].used > e.used {
+					s.evict(e)
+					continue
+				}
+				s.evict(&b[k])
+				s.len++ // e moves, it is not new
+			}
+			b[k] = *e
+		}
+	}
 }
 
 func (s *shard) count(id uint32, d int64) {
@@ -391,30 +389,4 @@ func (s *shard) count(id uint32, d int64) {
 		s.perWorker = append(s.perWorker, 0)
 	}
 	s.perWorker[id] += d
-}
-
-func (s *shard) pushFront(i int32) {
-	e := &s.entries[i]
-	if s.head < 0 {
-		e.prev, e.next = i, i
-	} else {
-		h := &s.entries[s.head]
-		e.next, e.prev = s.head, h.prev
-		s.entries[h.prev].next = i
-		h.prev = i
-	}
-	s.head = i
-}
-
-func (s *shard) unlink(i int32) {
-	e := &s.entries[i]
-	if e.next == i {
-		s.head = -1
-		return
-	}
-	s.entries[e.prev].next = e.next
-	s.entries[e.next].prev = e.prev
-	if s.head == i {
-		s.head = e.next
-	}
 }
