@@ -14,7 +14,7 @@ const DefaultMaxBytes = 16 << 20
 // hot enough to spill over more workers is still found on the four that had it last.
 const Holders = 4
 
-// A block takes one 32-byte entry in a bucket of ways entries.
+// A block takes one 32-byte entry; a bucket holds ways of them.
 const (
 	entrySize = 32
 	ways      = 4
@@ -31,12 +31,12 @@ type Worker struct {
 	Hash uint64
 }
 
-// Index remembers which workers recently received which blocks, within a memory cap. A block has a
-// bucket of 4 entries, found from its hash; a new block takes the bucket's least recently used entry
-// once the index has grown to its cap, so recording a block touches one bucket and no list or probe
-// sequence (a least-recently-used list over a hash table cost about 100 ns a block, most of it in
-// cache misses: a unique 16 KiB prompt is 64 blocks). It is safe for concurrent use; each block's lookup takes the lock
-// of one of 16 shards.
+// Index remembers which workers recently received which blocks, within a memory cap. A block lives
+// in a bucket of 4 entries that its hash picks; once the index has grown to its cap, a new block takes
+// its bucket's least recently used entry. Recording a block touches one bucket, no list and no probe
+// sequence: a least-recently-used list over a hash table cost about 100 ns a block, mostly cache
+// misses, and a unique 16 KiB prompt is 64 blocks. It is safe for concurrent use; each block's lookup
+// takes the lock of one of 16 shards.
 type Index struct {
 	shards [shardCount]shard
 
@@ -137,7 +137,9 @@ func (x *Index) Match(blocks []uint64, w Worker) int {
 // depth returns how many leading blocks id holds: one past the deepest block it holds, since a chained
 // block stands for its whole prefix (a worker that got block k got blocks 0 to k, whatever the index
 // has evicted of them since). It probes from the end at doubling distances, then bisects between the
-// last miss and the first hit: one lookup for a key sent again whole, a few for a longer one.
+// last miss and the first hit: one lookup for a key sent again whole, a few for a longer one. Where
+// the index has evicted blocks between two it holds, the bisection can stop short of the deepest:
+// depth may say less than a worker got, never more.
 func (x *Index) depth(blocks []uint64, id uint32) int {
 	miss := len(blocks) // blocks[miss] is not held; len(blocks): past the end
 	for step := 1; ; step *= 2 {
