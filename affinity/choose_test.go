@@ -316,12 +316,17 @@ func TestChooseSessionKey(t *testing.T) {
 }
 
 // BenchmarkChoose prices a choice and its Record with 64-block (16 KiB) keys: "hit" repeats 256
-// prefixes the index holds, "new" sends prefixes never seen (the index full, evicting), "nokey" is
-// the same candidates on cost alone, the yardstick.
+// prefixes the index holds, "new" sends a prefix never seen each time (the index full, evicting),
+// "nokey" is the same candidates on cost alone, the yardstick.
 func BenchmarkChoose(b *testing.B) {
-	fresh := make([]Key, 8192) // 524,288 blocks: more than the index holds, so each round is new
-	for i := range fresh {
-		fresh[i] = prefixKey(uint64(1e6+i), MaxBlocks)
+	seen := uint64(0)
+	unseen := prefixKey(0, MaxBlocks)
+	nextUnseen := func() Key { // a key of its own each call, written over the last one
+		seen++
+		for i := range unseen.Blocks {
+			unseen.Blocks[i] = rendezvous(rendezvous(1<<40+seen, 0x5eed), uint64(i)+1)
+		}
+		return unseen
 	}
 	for _, n := range []int{4, 64} {
 		x := NewIndex(0)
@@ -329,7 +334,9 @@ func BenchmarkChoose(b *testing.B) {
 		for i := range n {
 			f.queue[i] = float64(i%5) * 0.01
 		}
-		for _, key := range fresh { // fill the index: "new" measures it evicting, not growing
+		// Fill the index, a quarter over its cap: "new" measures it evicting, not growing.
+		for range DefaultMaxBytes / entrySize * 5 / 4 / MaxBlocks {
+			key := nextUnseen()
 			x.Record(key.Blocks, f.workers[x.Choose(key, f, 0).Index])
 		}
 		keys := make([]Key, 256)
@@ -339,14 +346,18 @@ func BenchmarkChoose(b *testing.B) {
 		}
 		for _, bc := range []struct {
 			name string
-			keys []Key
-		}{{"hit", keys}, {"new", fresh}, {"nokey", []Key{{}}}} {
+			key  func(i int) Key
+		}{
+			{"hit", func(i int) Key { return keys[i%len(keys)] }},
+			{"new", func(int) Key { return nextUnseen() }},
+			{"nokey", func(int) Key { return Key{} }},
+		} {
 			b.Run(fmt.Sprintf("%s-%d", bc.name, n), func(b *testing.B) {
 				b.ReportAllocs()
 				cpu := startCPU()
 				i := 0
 				for b.Loop() {
-					key := bc.keys[i%len(bc.keys)]
+					key := bc.key(i)
 					c := x.Choose(key, f, 0)
 					x.Record(key.Blocks, f.workers[c.Index])
 					i++
