@@ -379,7 +379,6 @@ func (s *shard) grow() {
 					continue
 				}
 				s.evict(&b[k])
-				s.len++ // e moves, it is not new
 			}
 			b[k] = *e
 		}

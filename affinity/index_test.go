@@ -125,6 +125,32 @@ func TestIndexGrowsBeforeEvicting(t *testing.T) {
 	}
 }
 
+// TestIndexGrowsToACapShortOfDouble: a cap of 24 buckets a shard makes the last growth 16 -> 24, where a
+// bucket can receive more blocks than it holds; the counts stay right through it and the evictions
+// after.
+func TestIndexGrowsToACapShortOfDouble(t *testing.T) {
+	x := NewIndex(shardCount * 24 * ways * entrySize)
+	if got := x.shards[0].maxBuckets; got != 24 {
+		t.Fatalf("%d buckets a shard, want 24", got)
+	}
+	w := []Worker{x.Worker("a"), x.Worker("b")}
+	rng := rand.New(rand.NewPCG(5, 6))
+	key := make([]uint64, 8)
+	for range 2 * shardCount * x.shards[0].limit() / len(key) {
+		for i := range key {
+			key[i] = rng.Uint64()
+		}
+		x.Record(key, w[rng.IntN(2)])
+		if x.Match(key, w[0]) != len(key) && x.Match(key, w[1]) != len(key) {
+			t.Fatal("a key just recorded does not match")
+		}
+	}
+	if len(x.shards[0].buckets) != 24 || x.Len() > shardCount*x.shards[0].limit() {
+		t.Fatalf("%d buckets, %d blocks", len(x.shards[0].buckets), x.Len())
+	}
+	checkCounts(t, x)
+}
+
 func btoi(b bool) int {
 	if b {
 		return 1
@@ -215,6 +241,7 @@ func TestIndexMemory(t *testing.T) {
 	if x.Len() < capacity*85/100 || x.Len() > capacity {
 		t.Fatalf("index holds %d blocks, want 85%% to 100%% of %d", x.Len(), capacity)
 	}
+	checkCounts(t, x)
 	runtime.KeepAlive(x)
 }
 
@@ -246,6 +273,38 @@ func TestIndexConcurrent(t *testing.T) {
 	}
 	if sum == 0 || sum > int64(x.Len())*Holders {
 		t.Fatalf("per-worker blocks sum to %d for %d entries", sum, x.Len())
+	}
+	checkCounts(t, x)
+}
+
+// checkCounts compares the counts the index keeps, of blocks and of blocks per worker, with its
+// entries: growing and evicting must keep them in step.
+func checkCounts(t *testing.T, x *Index) {
+	t.Helper()
+	for i := range x.shards {
+		s := &x.shards[i]
+		held, perWorker := 0, make([]int64, len(s.perWorker))
+		for _, b := range s.buckets {
+			for _, e := range b {
+				if e.holders[0] == 0 {
+					continue
+				}
+				held++
+				for _, id := range e.holders {
+					if id != 0 {
+						perWorker[id]++
+					}
+				}
+			}
+		}
+		if held != s.len {
+			t.Fatalf("shard %d: %d entries hold a block, its count says %d", i, held, s.len)
+		}
+		for id, n := range perWorker {
+			if n != s.perWorker[id] {
+				t.Fatalf("shard %d: worker %d holds %d blocks, its count says %d", i, id, n, s.perWorker[id])
+			}
+		}
 	}
 }
 
