@@ -309,31 +309,33 @@ func (s *shard) record(hash uint64, id uint32) {
 	e.holders[0] = id
 }
 
-// entryFor returns hash's entry, else an empty one in its bucket (growing the table when the bucket
-// is full and the table is not at its largest), else the bucket's least recently used.
+// entryFor returns hash's entry, else its bucket's victim: an empty entry, else (growing the table
+// first while the bucket is full and the table is not at its largest) the least recently used.
 func (s *shard) entryFor(hash uint64) *entry {
-	b := s.bucketOf(hash)
-	free, oldest := -1, -1
-	for i := range b {
-		switch e := &b[i]; {
-		case e.holders[0] == 0:
-			if free < 0 {
-				free = i
-			}
-		case e.hash == hash:
-			return e
-		case oldest < 0 || e.used < b[oldest].used:
-			oldest = i
-		}
+	if e, ok := s.lookup(hash); ok {
+		return e
 	}
-	if free >= 0 {
-		return &b[free]
-	}
-	if len(s.buckets) < s.maxBuckets {
+	v := s.bucketOf(hash).victim()
+	if v.holders[0] != 0 && len(s.buckets) < s.maxBuckets {
 		s.grow()
 		return s.entryFor(hash)
 	}
-	return &b[oldest]
+	return v
+}
+
+// victim is the entry a new block takes: the first empty one, else the least recently used.
+func (b *bucket) victim() *entry {
+	v := &b[0]
+	for i := range b {
+		e := &b[i]
+		if e.holders[0] == 0 {
+			return e
+		}
+		if e.used < v.used {
+			v = e
+		}
+	}
+	return v
 }
 
 // evict empties e, if it holds a block.
@@ -362,25 +364,15 @@ func (s *shard) grow() {
 			if e.holders[0] == 0 {
 				continue
 			}
-			b := s.bucketOf(e.hash)
-			k := 0
-			for k < ways && b[k].holders[0] != 0 {
-				k++
-			}
-			if k == ways { // crowded: keep the more recent
-				k = 0
-				for m := range b {
-					if b[m].used < b[k].used {
-						k = m
-					}
-				}
-				if b[k].used > e.used {
+			v := s.bucketOf(e.hash).victim()
+			if v.holders[0] != 0 { // crowded: keep the more recent
+				if v.used > e.used {
 					s.evict(e)
 					continue
 				}
-				s.evict(&b[k])
+				s.evict(v)
 			}
-			b[k] = *e
+			*v = *e
 		}
 	}
 }
