@@ -36,11 +36,16 @@ type Key struct {
 	BlockTokens int64
 	// PromptTokens caps the cached tokens credited to a worker; 0 for no cap.
 	PromptTokens int64
-	// Session says that the key names a conversation, which will send again (a session header, or a
-	// chat with an answer in its history): its first request here is compared as its later ones are, by
-	// stretch, so that it starts where they will go. Another prefix key's first request may be a
+	// Session says that the key names a conversation from its first request (a session header): its
+	// first request here is compared as its later ones are, by stretch, so that it starts at its home,
+	// where they will go and where other instances send it. A prefix key's first request may be a
 	// one-off prompt, and is priced in seconds.
 	Session bool
+	// Continues says that the key is a conversation that has sent before (a session header, or a chat
+	// with an answer in its history): once this index knows it, it goes on at the worker holding the
+	// most of it. A prefix key that continues but is not known here is priced as a new one, as its
+	// first turn was, so that it goes where that one most likely went.
+	Continues bool
 }
 
 // Candidates are the upstreams a request may go to, as the caller sees them.
@@ -108,9 +113,12 @@ type Choice struct {
 // is credited with the known depth: crediting every worker the index names would keep a prefix that
 // went elsewhere once on two workers, and the fastest would collect copies of all of them. Caddy
 // instances that share nothing agree on the home, from the key, the candidates' names, weights and
-// loads. Candidates are compared by stretch, Cost over Alone: a slow home that is not loaded keeps its
-// keys (in seconds the fastest worker would win them all and its cache could not hold them), and a
-// cache hit on a busy worker loses to a miss on an idle one.
+// loads. A conversation (a key that Continues) is the exception: its first turn, priced as a one-off
+// prompt, may have gone elsewhere, and where this index knows a worker within the bound that holds more
+// of the key than its home, that worker takes the home's place. Candidates are compared by stretch, Cost over
+// Alone: a slow home that is not loaded keeps its keys (in seconds the fastest worker would win them
+// all and its cache could not hold them), and a cache hit on a busy worker loses to a miss on an idle
+// one.
 //
 // A near tie goes to the key's order: the first candidate within the bound, in rendezvous order, whose
 // score (seconds for a new key, stretch for the others) is at most NearTie times the best takes the
@@ -177,11 +185,17 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		home = order[0]
 	}
 
-	cached := int64(x.known(key.Blocks)) * key.BlockTokens
+	depth, holder := x.known(key.Blocks)
+	cached := int64(depth) * key.BlockTokens
 	if key.PromptTokens > 0 {
 		cached = min(cached, key.PromptTokens)
 	}
 	shared := cached > 0 && 2*cached >= key.PromptTokens
+	if shared && key.Continues && (home < 0 || x.Match(key.Blocks, c.Worker(home)) < depth) {
+		// A conversation continues where its earlier turns are cached, which is not its home when its
+		// first turn, priced as a one-off prompt, went elsewhere.
+		k, home = followHolder(c, n, &order, k, home, holder, bound)
+	}
 	if !shared {
 		// A new key leans on its home by the blocks the order is drawn from, so that a near tie
 		// goes where the key's next requests will.
@@ -247,6 +261,32 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		best.Outcome = Yielded
 	}
 	return best
+}
+
+// followHolder puts the candidate whose worker is holder first in order, when it is within the bound:
+// the key's home from then on. It returns order's length and the home, which stays home otherwise.
+func followHolder(c Candidates, n int, order *[MaxPriced]int, k, home int, holder uint32, bound float64) (int, int) {
+	at := -1
+	for i := range n {
+		if c.Worker(i).ID == holder {
+			at = i
+			break
+		}
+	}
+	if at < 0 || at == home || c.Load(at)+1 > bound {
+		return k, home
+	}
+	j := 0
+	for j < k && order[j] != at {
+		j++
+	}
+	if j == k {
+		k = min(k+1, MaxPriced)
+		j = k - 1
+	}
+	copy(order[1:j+1], order[:j])
+	order[0] = at
+	return k, at
 }
 
 // ranked is a candidate offered for a key's weighted rendezvous order.

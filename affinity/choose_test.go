@@ -78,6 +78,38 @@ func TestChooseFollowsTheHolder(t *testing.T) {
 	}
 }
 
+// A conversation whose first turn went to a worker other than its home continues there, where its
+// cache is, in a small fleet and in one larger than MaxPriced; a prefix key that is not a conversation
+// goes home; a holder over the balance bound is not followed.
+func TestChooseConversationFollowsItsCache(t *testing.T) {
+	for _, n := range []int{4, 64} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			x := NewIndex(0)
+			f := newFleet(x, n)
+			var first Key
+			home := 0
+			for id := uint64(1); home == 0; id++ { // a first turn whose home is not worker 0
+				first = prefixKey(id, 16)
+				x.Record(first.Blocks, f.workers[0])
+				home = x.Choose(first, f, 0).Index
+			}
+			next := prefixKey(0, 24) // the first turn, an answer and a new message
+			copy(next.Blocks, first.Blocks)
+			if got := x.Choose(next, f, 0); got.Index != home || got.Outcome != Followed {
+				t.Fatalf("not a conversation: %+v, want home %d, followed", got, home)
+			}
+			next.Continues = true
+			if got := x.Choose(next, f, 0); got.Index != 0 || got.Outcome != Followed || got.CachedTokens != 16*BlockTokens {
+				t.Fatalf("a conversation: %+v, want worker 0 followed with 16 blocks cached", got)
+			}
+			f.inflight[0] = 100 // far over the bound
+			if got := x.Choose(next, f, 0); got.Index == 0 || got.Index < 0 {
+				t.Fatalf("a conversation whose worker is over the bound: %+v, want another worker", got)
+			}
+		})
+	}
+}
+
 func TestChooseLargeFleetPricesTheKeysOrder(t *testing.T) {
 	x := NewIndex(0)
 	f := newFleet(x, 64)

@@ -172,19 +172,22 @@ func (x *Index) holds(block uint64, id uint32) bool {
 	return held
 }
 
-// known is how many leading blocks of the key this index has seen sent to any worker: 0 for a nil
-// index.
-func (x *Index) known(blocks []uint64) int {
+// known is how many leading blocks of the key this index has seen sent to any worker, and the worker
+// that holds that many (of several, the one that got the key's first block most recently): 0 and 0
+// for a nil index.
+func (x *Index) known(blocks []uint64) (depth int, holder uint32) {
 	if x == nil {
-		return 0
+		return 0, 0
 	}
-	d := 0
 	for _, id := range x.firstHolders(blocks) {
-		if id != 0 {
-			d = max(d, 1+x.depth(blocks[1:], id))
+		if id == 0 {
+			continue
+		}
+		if d := 1 + x.depth(blocks[1:], id); d > depth {
+			depth, holder = d, id
 		}
 	}
-	return d
+	return depth, holder
 }
 
 // firstHolders returns the workers that hold the first block, the most recent first.

@@ -67,12 +67,12 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 	case affinityPrefix:
 		// A chat with an answer in its history is a conversation, as a session header says.
 		st.key = affinity.Key{Blocks: st.body.Blocks, BlockTokens: affinity.BlockTokens, PromptTokens: st.size.PromptTokens,
-			Session: st.body.Continues}
+			Continues: st.body.Continues}
 	case affinityHeader:
 		// A session's earlier turns are cached where it went: all of this prompt but its new message,
 		// which the model cannot know, so the whole prompt is credited.
 		blocks := affinity.HeaderKey(r.Header.Get(p.AffinityHeader), st.blocks[:0])
-		st.key = affinity.Key{Blocks: blocks, BlockTokens: st.size.PromptTokens, PromptTokens: st.size.PromptTokens, Session: true}
+		st.key = affinity.Key{Blocks: blocks, BlockTokens: st.size.PromptTokens, PromptTokens: st.size.PromptTokens, Session: true, Continues: true}
 	}
 	caddyhttp.SetVar(r.Context(), requestStateVar, st)
 	return st

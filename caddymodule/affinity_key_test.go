@@ -8,14 +8,15 @@ import (
 	"github.com/caddy-sglang/caddy-sglang/affinity"
 )
 
-// With affinity prefix, a chat that has an answer in its history is keyed as a conversation, as a
-// session header would key it; a first turn is not.
-func TestPrefixKeyOfAConversationIsASession(t *testing.T) {
+// With affinity prefix, a chat that has an answer in its history is keyed as a conversation that
+// continues; a first turn is not. Neither is a Session key, which only a session header makes: a
+// conversation's first turn went where a one-off prompt goes.
+func TestPrefixKeyOfAConversationContinues(t *testing.T) {
 	p := &Policy{Affinity: affinityPrefix, affinityIndex: affinity.NewIndex(0)}
 	system := strings.Repeat("Answer briefly and cite your sources. ", 20) // blocks to key
 	for _, c := range []struct {
 		name, body string
-		session    bool
+		continues  bool
 	}{
 		{"first turn", `{"messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"hi"}]}`, false},
 		{"later turn", `{"messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"hi"},` +
@@ -26,8 +27,9 @@ func TestPrefixKeyOfAConversationIsASession(t *testing.T) {
 		if st == nil {
 			t.Fatalf("%s: no request state", c.name)
 		}
-		if st.key.Session != c.session || len(st.key.Blocks) == 0 {
-			t.Errorf("%s: session %t with %d blocks, want session %t and a key", c.name, st.key.Session, len(st.key.Blocks), c.session)
+		if st.key.Continues != c.continues || st.key.Session || len(st.key.Blocks) == 0 {
+			t.Errorf("%s: continues %t, session %t, with %d blocks; want continues %t, no session, and a key", c.name,
+				st.key.Continues, st.key.Session, len(st.key.Blocks), c.continues)
 		}
 	}
 }
