@@ -158,6 +158,7 @@ func TestChooseNeverPicksUnavailable(t *testing.T) {
 			f.inflight[i] = float64(rng.IntN(10))
 		}
 		key := prefixKey(uint64(rng.IntN(20)), 1+rng.IntN(10))
+		key.Continues = round%4 == 1 // a conversation follows its holder, never to one down
 		if round%2 == 0 {
 			key = Key{}
 		}
@@ -201,6 +202,7 @@ func TestChooseBoundHoldsUnderZipf(t *testing.T) {
 		}
 		k := zipf.Uint64()
 		key := prefixKey(k, 16)
+		key.Continues = r%2 == 1 // a conversation follows its holder only within the bound
 		var total float64
 		for _, l := range f.inflight {
 			total += l
