@@ -350,8 +350,9 @@ func TestChooseSessionKey(t *testing.T) {
 }
 
 // BenchmarkChoose prices a choice and its Record with 64-block (16 KiB) keys: "hit" repeats 256
-// prefixes the index holds, "new" sends a prefix never seen each time (the index full, evicting),
-// "nokey" is the same candidates on cost alone, the yardstick.
+// prefixes the index holds, "conversation" 256 conversations that went to one worker, "new" sends a
+// prefix never seen each time (the index full, evicting), "nokey" is the same candidates on cost
+// alone, the yardstick.
 func BenchmarkChoose(b *testing.B) {
 	seen := uint64(0)
 	unseen := prefixKey(0, MaxBlocks)
@@ -378,11 +379,19 @@ func BenchmarkChoose(b *testing.B) {
 			keys[i] = prefixKey(uint64(i), MaxBlocks)
 			x.Record(keys[i].Blocks, f.workers[x.Choose(keys[i], f, 0).Index])
 		}
+		// Conversations held by worker 0, most of them away from their home: each one looks for its holder.
+		talks := make([]Key, 256)
+		for i := range talks {
+			talks[i] = prefixKey(uint64(1<<20+i), MaxBlocks)
+			talks[i].Continues = true
+			x.Record(talks[i].Blocks, f.workers[0])
+		}
 		for _, bc := range []struct {
 			name string
 			key  func(i int) Key
 		}{
 			{"hit", func(i int) Key { return keys[i%len(keys)] }},
+			{"conversation", func(i int) Key { return talks[i%len(talks)] }},
 			{"new", func(int) Key { return nextUnseen() }},
 			{"nokey", func(int) Key { return Key{} }},
 		} {
