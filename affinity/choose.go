@@ -114,11 +114,11 @@ type Choice struct {
 // went elsewhere once on two workers, and the fastest would collect copies of all of them. Caddy
 // instances that share nothing agree on the home, from the key, the candidates' names, weights and
 // loads. A conversation (a key that Continues) is the exception: its first turn, priced as a one-off
-// prompt, may have gone elsewhere, and where this index knows a worker within the bound that holds more
-// of the key than its home, that worker takes the home's place. Candidates are compared by stretch, Cost over
-// Alone: a slow home that is not loaded keeps its keys (in seconds the fastest worker would win them
-// all and its cache could not hold them), and a cache hit on a busy worker loses to a miss on an idle
-// one.
+// prompt, may have gone elsewhere, and where this index knows a worker within the bound that holds
+// more of the key than its home, that worker takes the home's place. Candidates are compared by
+// stretch, Cost over Alone: a slow home that is not loaded keeps its keys (in seconds the fastest
+// worker would win them all and its cache could not hold them), and a cache hit on a busy worker loses
+// to a miss on an idle one.
 //
 // A near tie goes to the key's order: the first candidate within the bound, in rendezvous order, whose
 // score (seconds for a new key, stretch for the others) is at most NearTie times the best takes the

@@ -65,7 +65,7 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 	}
 	switch p.Affinity {
 	case affinityPrefix:
-		// A chat with an answer in its history is a conversation, as a session header says.
+		// A chat with an answer in its history is a conversation that continues: it follows its cache.
 		st.key = affinity.Key{Blocks: st.body.Blocks, BlockTokens: affinity.BlockTokens, PromptTokens: st.size.PromptTokens,
 			Continues: st.body.Continues}
 	case affinityHeader:
