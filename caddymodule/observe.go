@@ -98,7 +98,7 @@ func init() {
 	metrics.selectedNone = metrics.selections.WithLabelValues("none")
 	metrics.affinity = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "affinity_decisions_total",
-		Help: "Selections with affinity on, by outcome: followed (sent to the key's home, credited with its cached tokens), yielded (the key is shared but load chose another worker), new (the key is not known to be shared: load chose), no_key (the request had no key).",
+		Help: "Selections with affinity on, by outcome: followed (sent to the key's home, or to the worker holding a conversation, credited with its cached tokens), yielded (the key is shared but load chose another worker), new (the key is not known to be shared: load chose), no_key (the request had no key).",
 	}, []string{"outcome"})
 	for _, o := range affinity.Outcomes {
 		metrics.affinityOutcomes[o] = metrics.affinity.WithLabelValues(o.String())
