@@ -97,7 +97,7 @@ func referenceParse(path string, body []byte) (ref reference) {
 						return ref
 					}
 					text = append(text, c[1:len(c)-1]...)
-					textBytes += int64(len(s))
+					textBytes += sentBytes(c)
 				case c[0] == '[':
 					var parts []map[string]json.RawMessage
 					if json.Unmarshal(c, &parts) != nil {
@@ -110,7 +110,7 @@ func referenceParse(path string, body []byte) (ref reference) {
 								return ref
 							}
 							text = append(text, t[1:len(t)-1]...)
-							textBytes += int64(len(s))
+							textBytes += sentBytes(t)
 						}
 					}
 				default:
@@ -133,7 +133,7 @@ func referenceParse(path string, body []byte) (ref reference) {
 			if json.Unmarshal(raw, &s) != nil {
 				return ref
 			}
-			hasPrompt, text, textBytes = true, raw[1:len(raw)-1], int64(len(s))
+			hasPrompt, text, textBytes = true, raw[1:len(raw)-1], sentBytes(raw)
 		case raw[0] == '[':
 			if !ids(raw) {
 				var texts []json.RawMessage
@@ -147,7 +147,7 @@ func referenceParse(path string, body []byte) (ref reference) {
 						return ref
 					}
 					text = append(text, t[1:len(t)-1]...)
-					textBytes += int64(len(s))
+					textBytes += sentBytes(t)
 				}
 			}
 		default:
@@ -173,7 +173,7 @@ func referenceParse(path string, body []byte) (ref reference) {
 			if json.Unmarshal(raw, &s) != nil {
 				return ref
 			}
-			hasPrompt, text, textBytes = true, raw[1:len(raw)-1], int64(len(s))
+			hasPrompt, text, textBytes = true, raw[1:len(raw)-1], sentBytes(raw)
 		case !isNull(raw):
 			return ref
 		default:
@@ -190,6 +190,13 @@ func referenceParse(path string, body []byte) (ref reference) {
 	}
 	ref.ok = true
 	return ref
+}
+
+// sentBytes is the prompt text that the JSON string raw counts as: its bytes as sent less a byte per
+// backslash.
+func sentBytes(raw json.RawMessage) int64 {
+	inner := raw[1 : len(raw)-1]
+	return int64(len(inner) - bytes.Count(inner, []byte{'\\'}))
 }
 
 // duplicateKeys reports whether any object in the JSON document has a key twice.
