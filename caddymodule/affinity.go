@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"sync"
-	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -113,15 +112,19 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, 
 // positions are looked up once per request: Choose asks for each one's worker and report more than once.
 type affinityCandidates struct {
 	poolView
-	known []atomic.Pointer[affinity.Worker] // the static pool's workers by position (poolIndex.workers), else nil
+	known []workerSlot // the static pool's workers by position (poolIndex.workers), else nil
 	cands [64]affinityCandidate
 	// meanCap is the fleet's mean batch cap, the weight of positions past len(cands).
 	meanCap float64
 }
 
 type affinityCandidate struct {
+	// worker is the zero Worker, which Choose skips, for an unavailable upstream; load is the proxy's
+	// requests in flight to it.
 	worker affinity.Worker
-	// ep is the endpoint found by look, nil if none, and rep its fresh report then, nil if none.
+	load   float64
+	// ep is the endpoint whose fresh report fresh found, and rep that report (nil if none): a priced
+	// candidate's report is read for its cost and again for its cost alone.
 	ep  *endpoint
 	rep *loadpolicy.Report
 	// cap is the batch cap (max_running_requests), the fleet's mean where unknown: the worker's share
@@ -135,7 +138,7 @@ var candidatesPool = sync.Pool{New: func() any { return new(affinityCandidates) 
 
 // reset makes c the pool as Select sees it now, with nothing looked up yet.
 func (c *affinityCandidates) reset(p *Policy, pool reverseproxy.UpstreamPool, x *poolIndex) {
-	clear(c.cands[:min(len(pool), len(c.cands))]) // look and Worker fill the positions they read
+	clear(c.cands[:min(len(pool), len(c.cands))]) // look fills the positions it reads
 	c.poolView, c.known, c.meanCap = poolView{}, nil, 0
 	c.init(p, pool, x)
 	if x != nil {
@@ -143,19 +146,22 @@ func (c *affinityCandidates) reset(p *Policy, pool reverseproxy.UpstreamPool, x 
 	}
 }
 
-// look notes each position's endpoint and fresh report, and weighs it by its batch cap.
+// look notes each position's worker and load, and weighs it by its batch cap: one pass over the pool,
+// which Choose's pass over every candidate then reads without looking again.
 func (c *affinityCandidates) look() {
 	n := min(len(c.pool), len(c.cands))
+	now := c.now.UnixNano()
 	var sum float64
 	known := 0
 	for i := range n {
 		cand := &c.cands[i]
-		if cand.ep = c.endpoint(i); cand.ep != nil {
-			if cand.rep = c.report(i, cand.ep); cand.rep != nil && cand.rep.MaxRunning > 0 {
-				cand.cap = float64(cand.rep.MaxRunning)
-				sum += cand.cap
-				known++
-			}
+		if u := c.pool[i]; u.Available() {
+			cand.worker, cand.load = c.workerOf(i), float64(u.NumRequests())
+		}
+		if cap := c.batchCap(i, now); cap > 0 {
+			cand.cap = float64(cap)
+			sum += cand.cap
+			known++
 		}
 	}
 	if known == 0 {
@@ -169,29 +175,43 @@ func (c *affinityCandidates) look() {
 	}
 }
 
-// fresh is ep's fresh report, as look found it if ep is upstream i's endpoint then.
-func (c *affinityCandidates) fresh(i int, ep *endpoint) *loadpolicy.Report {
-	if i < len(c.cands) && c.cands[i].ep == ep {
-		return c.cands[i].rep
+// batchCap is upstream i's batch cap from its fresh report, 0 if none: from the static pool's slot,
+// without the report, where it has one.
+func (c *affinityCandidates) batchCap(i int, now int64) int64 {
+	if c.byIndex != nil && c.byIndex[i] != nil {
+		return c.slots[i].batchCap(now)
 	}
-	return c.report(i, ep)
+	if ep := c.endpoint(i); ep != nil {
+		if rep := c.report(i, ep); rep != nil {
+			return rep.MaxRunning
+		}
+	}
+	return 0
+}
+
+// fresh is ep's fresh report, ep being upstream i's endpoint, found once per Select.
+func (c *affinityCandidates) fresh(i int, ep *endpoint) *loadpolicy.Report {
+	if i >= len(c.cands) {
+		return c.report(i, ep)
+	}
+	if cand := &c.cands[i]; cand.ep != ep {
+		cand.ep, cand.rep = ep, c.report(i, ep)
+	}
+	return c.cands[i].rep
 }
 
 func (c *affinityCandidates) Len() int { return len(c.pool) }
 
-// Worker is the upstream's worker; the zero Worker, which Choose skips, for an unavailable one.
+// Worker is the upstream's worker; the zero Worker, which Choose skips, for an unavailable one. A
+// position look noted is read from there.
 func (c *affinityCandidates) Worker(i int) affinity.Worker {
+	if i < len(c.cands) {
+		return c.cands[i].worker
+	}
 	if !c.pool[i].Available() {
 		return affinity.Worker{}
 	}
-	if i < len(c.cands) && c.cands[i].worker.ID != 0 {
-		return c.cands[i].worker
-	}
-	w := c.workerOf(i)
-	if i < len(c.cands) {
-		c.cands[i].worker = w
-	}
-	return w
+	return c.workerOf(i)
 }
 
 // workerOf is upstream i's worker, kept by position for the static pool so that it is found without
@@ -200,15 +220,20 @@ func (c *affinityCandidates) workerOf(i int) affinity.Worker {
 	if c.known == nil {
 		return c.p.workerOf(c.pool[i].Dial)
 	}
-	if w := c.known[i].Load(); w != nil {
-		return *w
+	if w, ok := c.known[i].load(); ok {
+		return w
 	}
 	w := c.p.workerOf(c.pool[i].Dial)
-	c.known[i].Store(&w)
+	c.known[i].store(w)
 	return w
 }
 
-func (c *affinityCandidates) Load(i int) float64 { return float64(c.pool[i].NumRequests()) }
+func (c *affinityCandidates) Load(i int) float64 {
+	if i < len(c.cands) {
+		return c.cands[i].load
+	}
+	return float64(c.pool[i].NumRequests())
+}
 
 // Weight is the upstream's batch cap (the fleet's mean where unknown); 0, which Choose counts as 1 for
 // every worker alike, when no fresh report has one.

@@ -84,8 +84,15 @@ func (s *sharedState) refresh() {
 }
 
 func (w watcher) fill(rep *loadpolicy.Report) {
+	staleAfter := w.ep.staleness.Load()
 	w.slot.rep.Store(rep)
-	w.slot.staleAfter.Store(w.ep.staleness.Load())
+	w.slot.staleAfter.Store(staleAfter)
+	capUntil, maxRunning := int64(0), int64(0)
+	if rep != nil {
+		capUntil, maxRunning = rep.Received.UnixNano()+staleAfter, rep.MaxRunning
+	}
+	w.slot.maxRunning.Store(maxRunning)
+	w.slot.capUntil.Store(capUntil)
 }
 
 // reportSlot is an upstream's entry in its static pool's index: what endpoint.fresh finds through the
@@ -93,6 +100,17 @@ func (w watcher) fill(rep *loadpolicy.Report) {
 type reportSlot struct {
 	rep        atomic.Pointer[loadpolicy.Report] // sharedState.usable
 	staleAfter atomic.Int64                      // endpoint.staleness
+	// maxRunning is rep's batch cap, and capUntil when rep goes stale (Unix nanoseconds; 0 for no
+	// rep): affinity weighs every upstream by its cap, and reads them here in order without rep.
+	maxRunning, capUntil atomic.Int64
+}
+
+// batchCap is the fresh report's batch cap at now (Unix nanoseconds), 0 if none.
+func (s *reportSlot) batchCap(now int64) int64 {
+	if now > s.capUntil.Load() {
+		return 0
+	}
+	return s.maxRunning.Load()
 }
 
 // fresh is endpoint.fresh on the slot's copy.

@@ -18,7 +18,7 @@ type poolIndex struct {
 	// instead of three pointers per upstream; watched from newPoolIndex to release.
 	slots []reportSlot
 	// workers are the upstreams' affinity workers, made on first use (affinityCandidates.workerOf).
-	workers []atomic.Pointer[affinity.Worker]
+	workers []workerSlot
 	// hostsNoted is set once each endpoint knows its upstream's Host, which the proxy provisions after
 	// the policy and keeps for the config's life.
 	hostsNoted atomic.Bool
@@ -26,7 +26,7 @@ type poolIndex struct {
 
 func newPoolIndex(pool reverseproxy.UpstreamPool, byDial map[string]*endpoint) *poolIndex {
 	x := &poolIndex{pool: pool, eps: make([]*endpoint, len(pool)), slots: make([]reportSlot, len(pool)),
-		workers: make([]atomic.Pointer[affinity.Worker], len(pool))}
+		workers: make([]workerSlot, len(pool))}
 	for i, u := range pool {
 		if x.eps[i] = byDial[u.Dial]; x.eps[i] != nil {
 			x.eps[i].state.watch(&x.slots[i], x.eps[i])
@@ -63,4 +63,21 @@ func (x *poolIndex) noteHosts() {
 		}
 	}
 	x.hostsNoted.Store(true)
+}
+
+// workerSlot is an upstream's affinity worker, held by value so that Select reads the pool's workers
+// in order from one array. ID is stored last: a non-zero ID says Hash is there.
+type workerSlot struct {
+	id   atomic.Uint32
+	hash atomic.Uint64
+}
+
+func (s *workerSlot) load() (affinity.Worker, bool) {
+	id := s.id.Load()
+	return affinity.Worker{ID: id, Hash: s.hash.Load()}, id != 0
+}
+
+func (s *workerSlot) store(w affinity.Worker) {
+	s.hash.Store(w.Hash)
+	s.id.Store(w.ID)
 }

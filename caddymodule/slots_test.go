@@ -21,12 +21,14 @@ func (f *switchFetcher) Fetch(context.Context) (*loadpolicy.Report, error) {
 	if err := f.err.Load(); err != nil {
 		return nil, *err
 	}
-	return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{{Running: 1, Fields: loadpolicy.FieldRunning}}), nil
+	return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{{Running: 1, MaxRunning: 48,
+		Fields: loadpolicy.FieldRunning | loadpolicy.FieldMaxRunning}}), nil
 }
 
-// The static pool's slots must tell what endpoint.fresh tells, after every change of what it reads:
-// a poll's report, the unreachable flag, the staleness; for an index of a new config that shares the
-// old config's state and sees its polls; and no longer once released.
+// The static pool's slots must tell what endpoint.fresh tells, and its report's batch cap while it is
+// fresh, after every change of what it reads: a poll's report, the unreachable flag, the staleness;
+// for an index of a new config that shares the old config's state and sees its polls; and no longer
+// once released.
 func TestSlotsFollowFresh(t *testing.T) {
 	const key = "http://slot.test:1"
 	a := &App{logger: zap.NewNop(), endpoints: map[string]*endpoint{}}
@@ -63,8 +65,16 @@ func TestSlotsFollowFresh(t *testing.T) {
 		t.Helper()
 		now := time.Now()
 		for _, at := range []time.Time{now, now.Add(2 * time.Second), now.Add(time.Minute)} {
-			if got, want := x.slots[0].fresh(at), cur.fresh(at); got != want {
+			got, want := x.slots[0].fresh(at), cur.fresh(at)
+			if got != want {
 				t.Errorf("%s, at +%s: slot %p, endpoint.fresh %p", step, at.Sub(now).Round(time.Second), got, want)
+			}
+			wantCap := int64(0)
+			if want != nil {
+				wantCap = want.MaxRunning
+			}
+			if c := x.slots[0].batchCap(at.UnixNano()); c != wantCap {
+				t.Errorf("%s, at +%s: slot's batch cap %d, want %d", step, at.Sub(now).Round(time.Second), c, wantCap)
 			}
 		}
 		if got := cur.fresh(now) != nil; got != wantFresh {
