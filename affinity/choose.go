@@ -46,6 +46,11 @@ type Key struct {
 	// most of it. A prefix key that continues but is not known here is priced as a new one, as its
 	// first turn was, so that it goes where that one most likely went.
 	Continues bool
+	// SharedBlocks is how many of Blocks the request's shape says are shared (Request.SharedBlocks: a
+	// chat's system prompt): they count as known from the key's first request, as if this index had
+	// seen them sent. Instances that share nothing then send a system prompt's first request where they
+	// send its later ones, its home.
+	SharedBlocks int
 }
 
 // Candidates are the upstreams a request may go to, as the caller sees them.
@@ -102,10 +107,10 @@ type Choice struct {
 // Choose picks a candidate for a request by its key, its load and the cost model.
 //
 // A key this index has not seen sent anywhere at least half as deep as its prompt (the share the
-// SGLang gateway's cache_threshold asks for) is New: it is priced in seconds, its home credited with
-// the first RendezvousBlocks blocks only, so prompts that share nothing are routed on load. A new
-// Session key is compared by stretch, as a known key is: the conversation starts at its home unless
-// load says otherwise.
+// SGLang gateway's cache_threshold asks for; its SharedBlocks count as seen) is New: it is priced in
+// seconds, its home credited with the first RendezvousBlocks blocks only, so prompts that share
+// nothing are routed on load. A new Session key is compared by stretch, as a known key is: the
+// conversation starts at its home unless load says otherwise.
 //
 // A key known to be shared goes to its home unless load says otherwise. The home is the first worker
 // within the bound in the weighted rendezvous order of the key's first RendezvousBlocks blocks (a
@@ -185,13 +190,14 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		home = order[0]
 	}
 
-	depth, holder := x.known(key.Blocks)
+	known, holder := x.known(key.Blocks)
+	depth := max(known, min(key.SharedBlocks, len(key.Blocks)))
 	cached := int64(depth) * key.BlockTokens
 	if key.PromptTokens > 0 {
 		cached = min(cached, key.PromptTokens)
 	}
 	shared := cached > 0 && 2*cached >= key.PromptTokens
-	if shared && key.Continues && (home < 0 || x.Match(key.Blocks, c.Worker(home)) < depth) {
+	if shared && key.Continues && (home < 0 || x.Match(key.Blocks, c.Worker(home)) < known) {
 		// A conversation continues where its earlier turns are cached, which is not its home when its
 		// first turn, priced as a one-off prompt, went elsewhere.
 		k, home = followHolder(c, n, &order, k, home, holder, bound)

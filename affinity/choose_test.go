@@ -461,6 +461,42 @@ func TestChooseNewSessionStartsAtHome(t *testing.T) {
 	}
 }
 
+// A system prompt's first request starts at its home on every instance, each with an index of its own
+// that has seen nothing; a prompt whose shared part is under half of it is a new key, priced in seconds.
+func TestChooseSystemPromptStartsAtHome(t *testing.T) {
+	x := NewIndex(0)
+	f := &speedFleet{fleet: *newFleet(x, 3), speed: []float64{1, 4, 4}}
+	var key Key
+	for id := range uint64(1000) {
+		if k := prefixKey(id, 64); firstInOrder(k, f.workers) == 0 { // the slow worker
+			key = k
+			break
+		}
+	}
+	if key.Blocks == nil {
+		t.Fatal("no key of 1000 has its home on worker 0")
+	}
+	key.SharedBlocks = 60
+	for instance := range 3 {
+		xi := NewIndex(0)
+		fi := &speedFleet{fleet: *newFleet(xi, 3), speed: f.speed}
+		if got := xi.Choose(key, fi, 0); got.Index != 0 || got.Outcome != Followed || got.CachedTokens != 60*BlockTokens {
+			t.Errorf("instance %d: system prompt's first request: %+v; want its home 0, followed, %d tokens", instance, got, 60*BlockTokens)
+		}
+	}
+	for _, shared := range []int{0, 31} {
+		k := key
+		k.SharedBlocks = shared
+		if got := x.Choose(k, f, 0); got.Index == 0 || got.Outcome != New {
+			t.Errorf("%d of 64 blocks shared: %+v; want a faster worker, new", shared, got)
+		}
+	}
+	f.queue[0] = 10
+	if got := x.Choose(key, f, 0); got.Index == 0 {
+		t.Errorf("system prompt with its home swamped: %+v; want another worker", got)
+	}
+}
+
 // firstInOrder is the key's first worker in the rendezvous order of equal weights.
 func firstInOrder(key Key, ws []Worker) int {
 	rkey := key.Blocks[min(len(key.Blocks), RendezvousBlocks)-1]

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"strings"
 	"testing"
 	"unicode/utf8"
 )
@@ -16,6 +17,7 @@ type reference struct {
 	prompt, maxTokens int64
 	stream            bool
 	key               []byte // the key's byte stream
+	shared            int    // bytes of key within the leading system messages
 	seed              uint64
 	ok                bool
 }
@@ -81,8 +83,11 @@ func referenceParse(path string, body []byte) (ref reference) {
 				return ref
 			}
 			hasPrompt = true
+			leading := true
 			for _, m := range msgs {
+				system := false
 				if r := m["role"]; !isNull(r) {
+					system = string(r) == `"system"` || string(r) == `"developer"`
 					if r[0] != '"' {
 						return ref
 					}
@@ -117,6 +122,9 @@ func referenceParse(path string, body []byte) (ref reference) {
 					return ref
 				}
 				text = append(text, 0)
+				if leading = leading && system; leading {
+					ref.shared = len(text)
+				}
 			}
 		}
 	case ShapeCompletion:
@@ -242,6 +250,7 @@ func FuzzParse(f *testing.F) {
 	for _, s := range []struct{ path, body string }{
 		{"/v1/chat/completions", `{"messages":[{"role":"system","content":"be brief\n\"ok\""},{"content":[{"type":"text","text":"hi \u00e9\ud83d\ude00"}],"role":"user"}],"max_tokens":12,"stream":true}`},
 		{"/v1/chat/completions", `{"max_completion_tokens":5,"messages":[],"tools":[{"a":["]}",{"b":null}]}]}`},
+		{"/v1/chat/completions", `{"messages":[{"role":"developer","content":"` + strings.Repeat("Cite the manual. ", 20) + `"},{"role":"system","content":"x"},{"role":"user","content":"hi"}]}`},
 		{"/v1/completions", `{"prompt":["abc","def"],"max_tokens":-1}`},
 		{"/v1/completions", `{"prompt":[1,2,3],"prompt_tokens":4}`},
 		{"/generate", `{"input_ids":[5,6],"text":"x","sampling_params":{"max_new_tokens":9}}`},
@@ -266,6 +275,9 @@ func FuzzParse(f *testing.F) {
 		}
 		if want := refKey(ref.seed, ref.key, 4); len(want) != len(r.Blocks) || len(want) > 0 && want[len(want)-1] != r.Blocks[len(r.Blocks)-1] {
 			t.Fatalf("key %x, want %x", r.Blocks, want)
+		}
+		if want := min(ref.shared/BlockBytes, cap(r.Blocks)); r.SharedBlocks != want {
+			t.Fatalf("shared blocks %d, want %d", r.SharedBlocks, want)
 		}
 	})
 }

@@ -54,6 +54,9 @@ type Request struct {
 	// Continues says that a chat's messages hold an assistant turn: the conversation has sent before,
 	// and will likely send again.
 	Continues bool
+	// SharedBlocks is how many of Blocks lie whole within a chat's leading system (or developer)
+	// messages: the application's instructions, the same in each of its requests.
+	SharedBlocks int
 	// Blocks is the key: the chained hashes of the prompt's whole leading blocks (see BlockBytes). Parse
 	// fills at most cap(Blocks) of them into the caller's backing array, so give it capacity (MaxBlocks)
 	// once and keep it: Parse allocates nothing. Chat messages are keyed as role, 0, content, 0 for each
@@ -83,6 +86,7 @@ func Parse(path string, head []byte, complete bool, contentLength int64, dst *Re
 	dst.Shape = shape
 	dst.Stream = p.stream
 	dst.Continues = p.continues
+	dst.SharedBlocks = p.sharedBlocks
 	dst.DeclaredPromptTokens = max(0, p.declared)
 	switch {
 	case shape == ShapeGenerate:
@@ -143,7 +147,10 @@ type parser struct {
 	hasMax                           bool
 	msgRole, msgContent              int      // positions in a message object, -1 when not seen
 	msgOpened                        bool     // the message's role and separator are keyed
+	msgSystem                        bool     // the message's role is "system" or "developer"
 	continues                        bool     // a message had the role "assistant"
+	leading                          bool     // every message so far was a system message
+	sharedBlocks                     int      // whole blocks keyed by the leading system messages
 	keyBuf                           [32]byte // a key with escapes, decoded
 }
 
@@ -444,16 +451,17 @@ func (p *parser) messages() bool {
 	if p.s[p.i] != '[' {
 		return p.skipValue()
 	}
-	p.prompt = promptText
+	p.prompt, p.leading = promptText, true
 	return p.array(messagesArray)
 }
 
 // message keys one chat message as role, 0, content, 0 whatever the order of its fields.
 func (p *parser) message() bool {
 	if p.s[p.i] != '{' {
+		p.leading = false
 		return p.skipValue()
 	}
-	p.msgRole, p.msgContent, p.msgOpened = -1, -1, false
+	p.msgRole, p.msgContent, p.msgOpened, p.msgSystem = -1, -1, false, false
 	ok := p.object(messageObject)
 	if p.bad {
 		return false
@@ -473,6 +481,13 @@ func (p *parser) message() bool {
 		}
 	}
 	p.key.writeByte(0)
+	if ok && p.leading {
+		if p.msgSystem {
+			p.sharedBlocks = len(p.key.blocks)
+		} else {
+			p.leading = false
+		}
+	}
 	return ok
 }
 
@@ -498,14 +513,21 @@ func (p *parser) messageField(key []byte) bool {
 	return p.skipValue()
 }
 
-// assistantRole is the role of a model's answer in a chat, as sent.
-var assistantRole = []byte(`"assistant"`)
+// Roles, as sent: a model's answer, and the application's instructions (OpenAI's newer name for them
+// is developer).
+var (
+	assistantRole = []byte(`"assistant"`)
+	systemRole    = []byte(`"system"`)
+	developerRole = []byte(`"developer"`)
+)
 
 // openMessage keys the message's role and its separator.
 func (p *parser) openMessage() bool {
 	p.msgOpened = true
 	if p.msgRole >= 0 {
-		p.continues = p.continues || bytes.HasPrefix(p.s[p.msgRole:], assistantRole)
+		role := p.s[p.msgRole:]
+		p.continues = p.continues || bytes.HasPrefix(role, assistantRole)
+		p.msgSystem = bytes.HasPrefix(role, systemRole) || bytes.HasPrefix(role, developerRole)
 		save := p.i
 		p.i = p.msgRole
 		ok := p.str(true, false)

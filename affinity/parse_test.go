@@ -221,7 +221,7 @@ func TestParseMeasuresTextAsSent(t *testing.T) {
 	}{
 		{"no escapes", "plain caf\u00e9 ", 12},
 		{"two-byte escapes count as decoded", `line\none\t\"two\"\/ \r\b\f`, 19},
-		{"an escaped backslash counts a byte short", `C:\\dir\\file `, 10},                      // decodes to 12
+		{"an escaped backslash counts a byte short", `C:\\dir\\file `, 10},                   // decodes to 12
 		{"a \\u escape counts five bytes", `\u003cb\u003e caf\u00e9 \ud83d\ude00 `, 7 + 5*5}, // decodes to 15
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -379,5 +379,45 @@ func BenchmarkParse(b *testing.B) {
 			}
 			cpu.report(b)
 		})
+	}
+}
+
+func TestParseSharedBlocks(t *testing.T) {
+	sys := strings.Repeat("Answer as the manual says. ", 45) // 1,215 bytes: 4 whole blocks with the role
+	sysJSON, _ := json.Marshal(sys)
+	userJSON, _ := json.Marshal(user)
+	one := len(chatStream("system", sys)) / BlockBytes
+	two := len(chatStream("system", sys, "system", sys)) / BlockBytes
+	msg := func(role string, content []byte) string {
+		return fmt.Sprintf(`{"role":%q,"content":%s}`, role, content)
+	}
+	chat := func(msgs ...string) string { return `{"messages":[` + strings.Join(msgs, ",") + `]}` }
+	for _, tt := range []struct {
+		name, path, body string
+		want             int
+	}{
+		{"system, user", "/v1/chat/completions", chat(msg("system", sysJSON), msg("user", userJSON)), one},
+		{"developer, user", "/v1/chat/completions", chat(msg("developer", sysJSON), msg("user", userJSON)),
+			len(chatStream("developer", sys)) / BlockBytes},
+		{"two system messages", "/v1/chat/completions", chat(msg("system", sysJSON), msg("system", sysJSON), msg("user", userJSON)), two},
+		{"system alone", "/v1/chat/completions", chat(msg("system", sysJSON)), one},
+		{"content before role", "/v1/chat/completions", chat(fmt.Sprintf(`{"content":%s,"role":"system"}`, sysJSON), msg("user", userJSON)), one},
+		{"content parts", "/v1/chat/completions", chat(fmt.Sprintf(`{"role":"system","content":[{"type":"text","text":%s}]}`, sysJSON), msg("user", userJSON)), one},
+		{"system after a user message", "/v1/chat/completions", chat(msg("user", userJSON), msg("system", sysJSON)), 0},
+		{"no system message", "/v1/chat/completions", chat(msg("user", sysJSON)), 0},
+		{"a completion's prompt", "/v1/completions", fmt.Sprintf(`{"prompt":%s}`, sysJSON), 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := parse(tt.path, tt.body); got.SharedBlocks != tt.want || got.SharedBlocks > len(got.Blocks) {
+				t.Errorf("shared blocks %d of %d, want %d", got.SharedBlocks, len(got.Blocks), tt.want)
+			}
+		})
+	}
+	// A head that ends inside the system message: its blocks are not known to be its.
+	body := chat(msg("system", sysJSON), msg("user", userJSON))
+	r := Request{Blocks: make([]uint64, 0, MaxBlocks)}
+	Parse("/v1/chat/completions", []byte(body[:900]), false, int64(len(body)), &r)
+	if r.SharedBlocks != 0 || len(r.Blocks) == 0 {
+		t.Errorf("head cut inside the system message: shared blocks %d of %d, want 0 of some", r.SharedBlocks, len(r.Blocks))
 	}
 }

@@ -261,13 +261,13 @@ http://localhost:9080 {
 	if most := max(got[0], got[1], got[2]); most != 30 {
 		t.Errorf("requests sharing a system prompt went to %v, want all 30 on one worker", got)
 	}
-	// The first request's key is new (routed on load, its home winning the tie); the rest follow it.
+	// A system prompt is shared from its first request: every one follows the key to its home.
 	page = scrape(t)
-	if got := metricValue(t, page, "caddy_sglang_load_affinity_decisions_total", "outcome", "new") - newBefore; got != 1 {
-		t.Errorf("new decisions grew by %v, want 1", got)
+	if got := metricValue(t, page, "caddy_sglang_load_affinity_decisions_total", "outcome", "new") - newBefore; got != 0 {
+		t.Errorf("new decisions grew by %v, want 0", got)
 	}
-	if got := metricValue(t, page, "caddy_sglang_load_affinity_decisions_total", "outcome", "followed") - followedBefore; got != 29 {
-		t.Errorf("followed decisions grew by %v, want 29", got)
+	if got := metricValue(t, page, "caddy_sglang_load_affinity_decisions_total", "outcome", "followed") - followedBefore; got != 30 {
+		t.Errorf("followed decisions grew by %v, want 30", got)
 	}
 
 	// 30 prompts of their own, one request each: rendezvous spreads them over the workers.
@@ -282,5 +282,16 @@ http://localhost:9080 {
 		if n == 0 {
 			t.Errorf("distinct prefixes went to %v: worker %d got none", spread, j)
 		}
+	}
+
+	// A long prompt with no system message is new until seen.
+	body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"max_tokens":16}`, shared)
+	resp, err := http.Post("http://localhost:9080/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := metricValue(t, scrape(t), "caddy_sglang_load_affinity_decisions_total", "outcome", "new") - newBefore; got != 1 {
+		t.Errorf("new decisions grew by %v after a user's prompt, want 1", got)
 	}
 }
