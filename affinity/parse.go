@@ -693,10 +693,10 @@ func (p *parser) skipNested() bool {
 
 // str scans the string at p.i. Its bytes as sent (escapes included) go to the key when key, and its
 // length as sent, less a byte per backslash, counts as prompt text when count: the decoded length for
-// \n, \" and every other two-byte escape but \\ (a byte short), five bytes for a \uXXXX (which decodes to
-// one to three). Decoding visits each escape, a call apiece, a third of a Select with a 16 KiB prompt
-// that has a newline per line of text; counting backslashes is one vector pass, for a measure that only
-// estimates tokens. Escapes are not checked, as skipString does not check them.
+// \n, \" and every other two-byte escape but \\ (a byte short), five bytes for a \uXXXX (which
+// decodes to one to three). Decoding visits each escape, a call apiece: a quarter of a Select with a
+// 16 KiB prompt that has a newline per line of text. Counting backslashes is one vector pass, for a
+// measure that only estimates tokens. Escapes are not checked, as skipString does not check them.
 func (p *parser) str(key, count bool) bool {
 	start := p.i + 1
 	closed := p.skipString()
