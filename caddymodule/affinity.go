@@ -195,10 +195,11 @@ func (c *affinityCandidates) fresh(i int, ep *endpoint) *loadpolicy.Report {
 	if i >= len(c.cands) {
 		return c.report(i, ep)
 	}
-	if cand := &c.cands[i]; cand.ep != ep {
+	cand := &c.cands[i]
+	if cand.ep != ep {
 		cand.ep, cand.rep = ep, c.report(i, ep)
 	}
-	return c.cands[i].rep
+	return cand.rep
 }
 
 func (c *affinityCandidates) Len() int { return len(c.pool) }
