@@ -177,6 +177,9 @@ type scoreView struct {
 	CostSeconds *float64 `json:"cost_seconds,omitempty"`
 	// PrefillTokensPerSec is the prefill speed measured from the worker's counters; absent when not measured.
 	PrefillTokensPerSec *float64 `json:"prefill_tokens_per_sec,omitempty"`
+	// DecodeAloneTokensPerSec is the decode speed of a request alone that the worker's recent reports
+	// support; absent until a report caught it decoding.
+	DecodeAloneTokensPerSec *float64 `json:"decode_alone_tokens_per_sec,omitempty"`
 }
 
 // referenceRequest is the request the admin view prices: 512 prompt tokens, 256 output tokens.
@@ -258,6 +261,9 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 			}
 			if speed, ok := fresh.PrefillTokensPerSec(); ok {
 				v.Score.PrefillTokensPerSec = &speed
+			}
+			if speed := fresh.DecodeAloneTokensPerSec(); speed > 0 {
+				v.Score.DecodeAloneTokensPerSec = &speed
 			}
 		}
 	}

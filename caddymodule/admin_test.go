@@ -54,6 +54,7 @@ type worker struct {
 		Value       float64            `json:"value"`
 		Signals     map[string]float64 `json:"signals"`
 		CostSeconds *float64           `json:"cost_seconds"`
+		DecodeAlone *float64           `json:"decode_alone_tokens_per_sec"`
 	} `json:"score"`
 }
 
@@ -137,8 +138,12 @@ func TestAdminListsEveryWorker(t *testing.T) {
 		usage             float64
 		running, waiting  int64
 		queuedTokensScore float64 // (waiting+1)*500 queued tokens / 1000 tokens/s: Select counts the request being placed
+		// 1000 tokens/s over the running batch, carried to a batch of one at a halving of 32 requests:
+		// 1000/running × (1 + (running-1)/32).
+		decodeAlone float64
 	}{
-		{busy, 0.9, 90, 20, 10.5}, {mid, 0.5, 50, 5, 3}, {idle, 0.1, 10, 0, 0},
+		{busy, 0.9, 90, 20, 10.5, 1000.0 / 90 * (1 + 89.0/32)}, {mid, 0.5, 50, 5, 3, 1000.0 / 50 * (1 + 49.0/32)},
+		{idle, 0.1, 10, 0, 0, 1000.0 / 10 * (1 + 9.0/32)},
 	} {
 		v := view[tc.w.addr()]
 		if v.Endpoint != "http://"+tc.w.addr() || v.LoadAddress != tc.w.addr() || v.Transport != "http" ||
@@ -171,6 +176,9 @@ func TestAdminListsEveryWorker(t *testing.T) {
 		}
 		if v.Score != nil && (v.Score.CostSeconds == nil || !(*v.Score.CostSeconds > 0)) {
 			t.Errorf("%s: cost_seconds %v, want a price > 0", tc.w.name, ptr(v.Score.CostSeconds))
+		}
+		if v.Score != nil && (v.Score.DecodeAlone == nil || !near(*v.Score.DecodeAlone, tc.decodeAlone)) {
+			t.Errorf("%s: decode_alone_tokens_per_sec %v, want %v", tc.w.name, ptr(v.Score.DecodeAlone), tc.decodeAlone)
 		}
 	}
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -211,13 +213,21 @@ func pollUntil(ctx context.Context, timeout time.Duration, check func() (bool, e
 type routingCounts struct {
 	byLoad, byFallback float64 // selections_total by branch
 	polls, pollsFailed float64 // polls_total: every result, and every result but ok
+	// affinity_decisions_total by outcome, in the order of affinityOutcomes
+	affinity [len(affinityOutcomes)]float64
 }
+
+// affinityOutcomes are the outcome labels of affinity_decisions_total.
+var affinityOutcomes = [...]string{"followed", "yielded", "new", "no_key"}
 
 func (c *routingCounts) add(o routingCounts) {
 	c.byLoad += o.byLoad
 	c.byFallback += o.byFallback
 	c.polls += o.polls
 	c.pollsFailed += o.pollsFailed
+	for i := range c.affinity {
+		c.affinity[i] += o.affinity[i]
+	}
 }
 
 // routingCounts reads the sglang_load counters from the admin API's metrics.
@@ -247,6 +257,12 @@ func (p *caddyProc) routingCounts() (routingCounts, error) {
 			if !strings.Contains(name, `result="ok"`) {
 				c.pollsFailed += value
 			}
+		case strings.HasPrefix(name, "caddy_sglang_load_affinity_decisions_total{"):
+			for i, o := range affinityOutcomes {
+				if name == `caddy_sglang_load_affinity_decisions_total{outcome="`+o+`"}` {
+					c.affinity[i] += value
+				}
+			}
 		}
 	}
 	return c, nil
@@ -270,10 +286,50 @@ func metricLine(line string) (series string, value float64, ok bool) {
 }
 
 // String is empty for an arm without Caddy (a router inside the bench), else the share of selections
-// made by the fallback policy and of polls that failed.
+// made by the fallback policy, of polls that failed, and the affinity outcomes when there were any.
 func (c routingCounts) String() string {
 	if c.byLoad+c.byFallback+c.polls == 0 {
 		return ""
 	}
-	return fmt.Sprintf(" fallback %.1f%% polls failed %.0f/%.0f", 100*c.byFallback/max(c.byLoad+c.byFallback, 1), c.pollsFailed, c.polls)
+	s := fmt.Sprintf(" fallback %.1f%% polls failed %.0f/%.0f", 100*c.byFallback/max(c.byLoad+c.byFallback, 1), c.pollsFailed, c.polls)
+	var outcomes []string
+	for i, o := range affinityOutcomes {
+		if c.affinity[i] > 0 {
+			outcomes = append(outcomes, fmt.Sprintf("%s %.0f", o, c.affinity[i]))
+		}
+	}
+	if len(outcomes) > 0 {
+		s += " affinity " + strings.Join(outcomes, ", ")
+	}
+	return s
+}
+
+// speeds reads, from the admin API, the speeds the policy holds for each of addrs (host:port, in
+// order): the decode speed of a request alone and the prefill speed, tokens/s, 0 where not measured.
+// A worker starved by a speed measured low shows here.
+func (p *caddyProc) speeds(addrs []string) (decodeAlone, prefill []float64, err error) {
+	resp, err := http.Get("http://" + p.admin + "/sglang_load/workers")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	var views []struct {
+		Upstreams []string `json:"upstreams"`
+		Score     *struct {
+			DecodeAlone float64 `json:"decode_alone_tokens_per_sec"`
+			Prefill     float64 `json:"prefill_tokens_per_sec"`
+		} `json:"score"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&views); err != nil {
+		return nil, nil, fmt.Errorf("admin workers view: %w", err)
+	}
+	decodeAlone, prefill = make([]float64, len(addrs)), make([]float64, len(addrs))
+	for _, v := range views {
+		for i, a := range addrs {
+			if v.Score != nil && slices.Contains(v.Upstreams, a) {
+				decodeAlone[i], prefill[i] = v.Score.DecodeAlone, v.Score.Prefill
+			}
+		}
+	}
+	return decodeAlone, prefill, nil
 }

@@ -111,6 +111,7 @@ type armResult struct {
 	hit, ideal                  float64       // cached / prompt tokens: the fleet's, and one unlimited cache's
 	kvMean, kvPeak, pollsPerSec []float64     // per worker
 	routing                     routingCounts // summed over the arm's Caddy instances, from start to end
+	speeds                      string        // the speeds the first Caddy instance holds per worker at the end
 	tail                        []sample      // the slowest 1% of completed requests
 	firstFailure                string
 }
@@ -189,6 +190,13 @@ func runSeed(ctx context.Context, caddy string, specs []armSpec, jobs []job, sen
 				fmt.Fprintf(os.Stderr, "sglang-bench: %s: reading metrics: %v\n", specs[i].label(), err)
 			}
 			rs[i].routing.add(counts)
+		}
+		if len(a.caddys) > 0 {
+			alone, prefill, err := a.caddys[0].speeds(a.fleet.addrs)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "sglang-bench: %s: reading speeds: %v\n", specs[i].label(), err)
+			}
+			rs[i].speeds = speedsLine(alone, prefill)
 		}
 	}
 	return rs, nil
@@ -290,8 +298,8 @@ func runSeeds(ctx context.Context, caddy string, specs []armSpec, parallel int, 
 				start := time.Now()
 				perSeed[i], errs[i] = runSeed(ctx, caddy, specs, jobsOf(seed), sent.Done)
 				for _, r := range perSeed[i] {
-					fmt.Fprintf(stderr, "sglang-bench: %s seed %d %-42s p50 %6.2fs p99 %6.2fs share %s%s failed %d %s\n", label, seed, r.name, r.p50, r.p99,
-						shares([]armResult{r}), r.routing, r.failed, r.firstFailure)
+					fmt.Fprintf(stderr, "sglang-bench: %s seed %d %-42s p50 %6.2fs p99 %6.2fs share %s%s%s failed %d %s\n", label, seed, r.name, r.p50, r.p99,
+						shares([]armResult{r}), r.routing, r.speeds, r.failed, r.firstFailure)
 				}
 				fmt.Fprintf(stderr, "sglang-bench: %s seed %d done in %s\n", label, seed, time.Since(start).Round(time.Second))
 			})

@@ -403,3 +403,23 @@ func workerLabels() []string {
 	}
 	return l
 }
+
+// speedsLine is the speeds a policy holds per worker, in workerScales' order, for a log line: decode
+// alone / prefill, tokens/s, "-" where not measured.
+func speedsLine(decodeAlone, prefill []float64) string {
+	if len(decodeAlone) == 0 {
+		return ""
+	}
+	out := make([]string, len(decodeAlone))
+	for i := range decodeAlone {
+		out[i] = speedText(decodeAlone[i]) + "/" + speedText(prefill[i])
+	}
+	return " speeds " + strings.Join(out, " ")
+}
+
+func speedText(v float64) string {
+	if v <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", v)
+}
