@@ -89,21 +89,22 @@ func (t *SentTotals) Add(req Request, cached int64) {
 
 // workload is what the cost model reads of a report, derived once when the report is built.
 type workload struct {
-	requests int64   // running + waiting
-	waiting  int64   // queued requests
-	tokens   int64   // KV tokens held by running requests plus the queued prompt tokens
-	queued   int64   // queued prompt tokens the prefix cache misses
-	capacity int64   // KV pool tokens, 0 when unknown
-	maxBatch int64   // running-request cap, 0 when unknown
-	ranks    int64   // data-parallel ranks: a request prefills on one of them
-	decode   float64 // measured decode throughput, tokens/s, at batch decodeAt; 0 when never measured
-	decodeAt int64
-	// decodePerRequest is decode / decodeAt, and decodeAtLess1 decodeAt - 1: what Cost reads of them.
-	decodePerRequest, decodeAtLess1 float64
-	// aloneFloor is the least speed of a request alone that the worker's recent reports support (at
-	// referenceHalving): a throughput measured over a window while the batch grew reads low, and a
-	// worker's speed alone is a property of its model and hardware.
-	aloneFloor float64
+	requests int64 // running + waiting
+	waiting  int64 // queued requests
+	tokens   int64 // KV tokens held by running requests plus the queued prompt tokens
+	queued   int64 // queued prompt tokens the prefix cache misses
+	capacity int64 // KV pool tokens, 0 when unknown
+	maxBatch int64 // running-request cap, 0 when unknown
+	ranks    int64 // data-parallel ranks: a request prefills on one of them
+	// genSum and batchSum sum the decode readings of the worker's recent reports, each weighed by half
+	// for every decodeMemory of measured time since: the output tokens/s it reported, and the running
+	// requests it counted, each counted as the share of a lone request's speed it gets in that batch
+	// (at referenceHalving). Their ratio is the decode speed of a request alone, 0 when never measured.
+	// A ratio of sums, not a mean of ratios: gen_throughput is the output of a window over which the
+	// batch changed, and one reading's ratio to the count at the poll is far off either way (a batch
+	// that emptied just before the poll reads several times the speed, one that just started a tenth).
+	genSum, batchSum float64
+	alone            float64
 	// readings counts the reports, up to trustedReadings, that caught the worker decoding.
 	readings  int
 	prefill   float64 // measured prefill speed of the whole worker, tokens/s; 0 when never measured
@@ -112,28 +113,43 @@ type workload struct {
 	// was busy, from its counters; 0 when not measured.
 	prefillBusy float64
 	has         bool // the report carries the counts the model needs
+	sampled     bool // the report carried a decode reading
 }
 
-func (w *workload) setDecode(throughput float64, batch int64) {
-	w.decode, w.decodeAt = throughput, batch
-	w.decodePerRequest, w.decodeAtLess1 = throughput/float64(batch), float64(batch-1)
-	w.aloneFloor = w.decodePerRequest * (1 + w.decodeAtLess1/referenceHalving)
+// addDecodeReading adds a report's throughput and running count to the sums, and reports whether the
+// report carried a reading: a worker idle over the whole window says nothing of its speed.
+func (w *workload) addDecodeReading(throughput float64, running int64) bool {
+	if throughput <= 0 && running <= 0 {
+		return false
+	}
+	w.genSum += max(throughput, 0)
+	if running > 0 {
+		w.batchSum += float64(running) / (1 + float64(running-1)/referenceHalving)
+		w.readings++
+	}
+	w.setAlone()
+	return true
 }
 
-// referenceHalving is the batch halving at which reports' decode speeds are compared across polls, and
-// decodeMemory the half-life of the best recent one as a floor: in time, not in polls, since a worker
-// polled every second can read low (idle or lagging windows) for several polls in a row, and a floor
-// that halves in a few polls let such a run make a fast worker look slower than a slow one.
+func (w *workload) setAlone() {
+	if w.batchSum > 0 {
+		w.alone = w.genSum / w.batchSum
+	}
+}
+
+// referenceHalving is the batch halving at which reports' decode readings are carried to a batch of one,
+// and decodeMemory the half-life of a reading's weight: in time, not in polls, so that a worker polled
+// every second does not forget in a few seconds what a slower poll would keep for a minute.
 const (
 	referenceHalving = 32
 	decodeMemory     = time.Minute
 )
 
 // trustedReadings is how many reports must catch a worker decoding before its speed alone is what they
-// read. One reading can be far too low: gen_throughput is the mean of a window in which the batch the
-// report counts may have run only a moment (a request that started 0.1 s before a poll reads a tenth of
-// its speed). Priced that slow, a worker gets nothing more to measure; until then it is priced at no
-// less than a worker not yet measured.
+// read. A few readings can be far too low: gen_throughput is the mean of a window in which the batch
+// the report counts may have run only a moment (a request that started 0.1 s before a poll reads a
+// tenth of its speed). Priced that slow, a worker gets nothing more to measure; until then it is priced
+// at no less than a worker not yet measured.
 const trustedReadings = 3
 
 // maxPrefillBusy caps the prefill's busy fraction in the queueing term, so that a saturated worker's
@@ -168,33 +184,29 @@ func deriveWorkload(r *Report) workload {
 	if all&FieldMaxRunning != 0 {
 		w.maxBatch = r.MaxRunning
 	}
-	if all&FieldGenThroughput != 0 && r.GenThroughput > 0 && r.Running > 0 {
-		w.setDecode(r.GenThroughput, r.Running)
-		w.readings = 1
+	if all&FieldGenThroughput != 0 {
+		w.sampled = w.addDecodeReading(r.GenThroughput, r.Running)
 	}
 	return w
 }
 
 // Follow carries forward, from the worker's previous report, what this one cannot measure alone: the
-// prefill speed (the difference of the cumulative prefill counters between the two) and the last
-// measured decode throughput of a worker that is idle now. Call it once, before the report is published.
+// prefill speed (the difference of the cumulative prefill counters between the two) and the decode
+// readings of its recent reports. Call it once, before the report is published.
 func (r *Report) Follow(prev *Report) {
 	if prev == nil || !r.work.has {
 		return
 	}
-	measured := r.work.decode > 0
 	r.work.readings = min(r.work.readings+prev.work.readings, trustedReadings)
-	if !measured && prev.work.decode > 0 {
-		r.work.setDecode(prev.work.decode, prev.work.decodeAt)
+	// Only a reading ages the earlier ones. A worker idle between readings has the speed it had; one
+	// whose sums aged while it stood idle would be priced by its last reading alone.
+	kept := 1.0
+	if gap := r.Received.Sub(prev.Received); gap > 0 && r.work.sampled {
+		kept = math.Exp2(-gap.Seconds() / decodeMemory.Seconds())
 	}
-	// Only a measurement ages the floor. A worker idle between measurements has the speed it had; a
-	// floor that aged while it stood idle would price it below what it can do, and it would get nothing
-	// to measure again.
-	kept := prev.work.aloneFloor
-	if gap := r.Received.Sub(prev.Received); gap > 0 && measured {
-		kept *= math.Exp2(-gap.Seconds() / decodeMemory.Seconds())
-	}
-	r.work.aloneFloor = max(r.work.aloneFloor, kept)
+	r.work.genSum += prev.work.genSum * kept
+	r.work.batchSum += prev.work.batchSum * kept
+	r.work.setAlone()
 	r.work.prefill, r.work.prefillOK = prev.work.prefill, prev.work.prefillOK
 	if len(prev.Ranks) != len(r.Ranks) {
 		return
@@ -224,7 +236,7 @@ func (r *Report) Follow(prev *Report) {
 
 // DecodeAloneTokensPerSec is the decode speed of a request alone on the worker that its recent reports
 // support, 0 when none measured one.
-func (r *Report) DecodeAloneTokensPerSec() float64 { return r.work.aloneFloor }
+func (r *Report) DecodeAloneTokensPerSec() float64 { return r.work.alone }
 
 // PrefillTokensPerSec is the worker's measured prefill speed, and whether it was measured.
 func (r *Report) PrefillTokensPerSec() (float64, bool) { return r.work.prefill, r.work.prefillOK }
@@ -288,7 +300,7 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 		batch = min(batch, w.maxBatch)
 	}
 	invHalving := 1 / atLeast(p.DecodeBatchHalving, 1)
-	alone := w.aloneSpeed(p, invHalving)
+	alone := w.aloneSpeed(p)
 	slowdown := 1 + float64(batch-1)*invHalving
 	secondsPerToken := slowdown / alone // per request, in the batch it joins
 	decode := out * secondsPerToken
@@ -347,15 +359,12 @@ func (r *Report) AloneCost(req Request, p *CostParams) float64 {
 	}
 	prompt := float64(max(req.PromptTokens, 0)) * float64(max(w.ranks, 1))
 	out := float64(max(req.OutputTokens, 1))
-	return prompt/w.prefillSpeed(p) + out/w.aloneSpeed(p, 1/atLeast(p.DecodeBatchHalving, 1))
+	return prompt/w.prefillSpeed(p) + out/w.aloneSpeed(p)
 }
 
 // aloneSpeed is the decode speed of one request in a batch of its own, tokens/s.
-func (w *workload) aloneSpeed(p *CostParams, invHalving float64) float64 {
-	var alone float64
-	if w.decode > 0 {
-		alone = max(w.decodePerRequest*(1+w.decodeAtLess1*invHalving), w.aloneFloor)
-	}
+func (w *workload) aloneSpeed(p *CostParams) float64 {
+	alone := w.alone
 	if w.readings < trustedReadings {
 		alone = max(alone, w.unmeasuredSpeed(p))
 	}
@@ -378,10 +387,10 @@ func (w *workload) unmeasuredSpeed(p *CostParams) float64 {
 // catches a short request decoding.
 func (r *Report) DecodePerPrefill() float64 {
 	w := &r.work
-	if w.aloneFloor <= 0 || !w.prefillOK || w.prefill <= 0 {
+	if w.alone <= 0 || !w.prefillOK || w.prefill <= 0 {
 		return 0
 	}
-	return w.aloneFloor / (w.prefill / float64(max(w.ranks, 1)))
+	return w.alone / (w.prefill / float64(max(w.ranks, 1)))
 }
 
 // prefillSpeed is the worker's prefill speed, tokens/s: measured, else the stand-in.

@@ -21,8 +21,10 @@ func perRequest(alone float64, batch int) float64 { return alone / (1 + float64(
 
 func TestCost(t *testing.T) {
 	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 16, MeanOutputTokens: 100}
-	// 4 running at 200 tok/s: 50 each at batch 4, so 50 x (1 + 3/16) alone.
-	busyAlone := 50 * (1 + 3.0/16)
+	// 4 running at 200 tok/s: 50 each at batch 4, so 50 x (1 + 3/32) alone (a reading is carried to a
+	// batch of one at the reference halving of 32; DecodeBatchHalving carries the speed alone to the
+	// batch the request joins).
+	busyAlone := 50 * (1 + 3.0/32)
 	busy := worker(4, 0, 0, 4000, 10000, 8, 200)
 	withCounters := func(rk Rank, tokens, busyUS int64) Rank {
 		rk.PrefillUncachedTokens, rk.PrefillBusyUS = tokens, busyUS
@@ -64,10 +66,11 @@ func TestCost(t *testing.T) {
 			want: 700.0*100/1700/(7*perRequest(busyAlone, 7)) + 0.175 + 100/perRequest(busyAlone, 7),
 		},
 		{
-			// 8 running of 8 at 400 tok/s: one must finish first, 100 tokens at 400 tok/s = 0.25 s; the
-			// batch stays 8 at 50 tok/s each: decode 2; prefill 0.05.
+			// 8 running of 8 at 400 tok/s: 50 each, 50 x (1 + 7/32) alone. The batch stays 8: decode 100
+			// tokens at perRequest(alone, 8); one must finish first, 100 tokens at 8 times that speed;
+			// prefill 0.05.
 			name: "full batch", ranks: []Rank{worker(8, 0, 0, 800, 100000, 8, 400)},
-			req: Request{400, 100}, want: 2.3,
+			req: Request{400, 100}, want: 100/perRequest(50*(1+7.0/32), 8)*(1+1.0/8) + 0.05,
 		},
 		{
 			// Two requests sent since (800 prompt, 200 output tokens), none finished, 1 s ago: 6 present,
@@ -78,9 +81,10 @@ func TestCost(t *testing.T) {
 		},
 		{
 			// The same two sent but the count fell by 1: 3 finished, the oldest first, so 1 of the 4
-			// reported and both new ones remain: batch 4 at 50 tok/s, decode 2; prefill 0.05.
+			// reported and both new ones remain: batch 4; prefill 0.05.
 			name: "finished since", ranks: []Rank{busy}, req: Request{400, 100},
-			since: Since{Elapsed: time.Second, Extra: -1, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800}, want: 2.05,
+			since: Since{Elapsed: time.Second, Extra: -1, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800},
+			want:  100/perRequest(busyAlone, 4) + 0.05,
 		},
 		{
 			// Sent since: three short requests (100 + 10 tokens) and a long one (2000 + 1000); the count
@@ -100,11 +104,11 @@ func TestCost(t *testing.T) {
 		},
 		{
 			// Counters moved 4000 tokens in 1 s of busy prefill: 4000 tok/s. Idle now; decode carried
-			// from the previous report, 100 tok/s at batch 2, 50 x (1 + 1/16) alone; prefill 400/4000 = 0.1.
+			// from the previous report, 100 tok/s at batch 2, 50 x (1 + 1/32) alone; prefill 400/4000 = 0.1.
 			name:  "measured prefill, carried decode",
 			prev:  []Rank{withCounters(worker(2, 0, 0, 1000, 10000, 8, 100), 1000, 1_000_000)},
 			ranks: []Rank{withCounters(worker(0, 0, 0, 0, 10000, 8, 0), 5000, 2_000_000)},
-			req:   Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.1,
+			req:   Request{400, 100}, want: 100/(50*(1+1.0/32)) + 0.1,
 		},
 		{
 			// 4000 tokens in 0.5 s of prefill busy over the 1 s between the reports: 8000 tok/s, busy half
@@ -113,7 +117,7 @@ func TestCost(t *testing.T) {
 			prev:  []Rank{withCounters(worker(2, 0, 0, 1000, 10000, 8, 100), 1000, 1_000_000)},
 			ranks: []Rank{withCounters(worker(0, 0, 0, 0, 10000, 8, 0), 5000, 1_500_000)},
 			gap:   time.Second, residual: 800,
-			req: Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.05 + 0.1,
+			req: Request{400, 100}, want: 100/(50*(1+1.0/32)) + 0.05 + 0.1,
 		},
 		{
 			// Busy the whole second at 4000 tok/s: the busy fraction counts as 0.95, a wait of 19 residual
@@ -122,17 +126,18 @@ func TestCost(t *testing.T) {
 			prev:  []Rank{withCounters(worker(2, 0, 0, 1000, 10000, 8, 100), 1000, 1_000_000)},
 			ranks: []Rank{withCounters(worker(0, 0, 0, 0, 10000, 8, 0), 5000, 2_000_000)},
 			gap:   time.Second, residual: 800,
-			req: Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.1 + 3.8,
+			req: Request{400, 100}, want: 100/(50*(1+1.0/32)) + 0.1 + 3.8,
 		},
 		{
-			// The previous report, 30 s before, measured 400 tok/s at batch 2 (200 each, 206.25 alone at
-			// the reference halving of 32); this one reads 50 at batch 4 (a window that lagged the batch):
-			// the floor keeps 206.25 halved every minute, 2^-0.5 of it, alone; batch 5 at halving 16;
+			// The previous report, 30 s before, read 400 tok/s at batch 2; this one reads 50 at batch 4
+			// (a window that lagged the batch). The earlier reading weighs 2^-0.5 (half a minute): alone
+			// (50 + 400 x 2^-0.5) / (4/(1 + 3/32) + 2/(1 + 1/32) x 2^-0.5) tok/s; batch 5 at halving 16;
 			// prefill 0.05.
-			name:  "decode floor from the previous report",
+			name:  "decode readings summed with the previous report's",
 			prev:  []Rank{worker(2, 0, 0, 1000, 10000, 8, 400)},
 			ranks: []Rank{worker(4, 0, 0, 1000, 10000, 8, 50)}, gap: 30 * time.Second,
-			req: Request{400, 100}, want: 100/perRequest(math.Sqrt(0.5)*200*(1+1.0/32), 5) + 0.05,
+			req:  Request{400, 100},
+			want: 100/perRequest((50+400*math.Sqrt(0.5))/(4/(1+3.0/32)+2/(1+1.0/32)*math.Sqrt(0.5)), 5) + 0.05,
 		},
 		{
 			// As "busy worker", and each of the 100 tokens slows the 4 others by 1/16 of a token at
@@ -186,25 +191,62 @@ func pollEverySecond(prev *Report, from, to int, r Rank) *Report {
 	return prev
 }
 
-func TestDecodeFloorHalvesInTime(t *testing.T) {
-	// 400 tok/s at batch 2: 200 each, 206.25 alone at the reference halving of 32.
+// eff is how many lone requests' worth of decoding a batch of n does at the reference halving of 32.
+func eff(n int) float64 { return float64(n) / (1 + float64(n-1)/32) }
+
+func TestDecodeReadingsAgeInTime(t *testing.T) {
 	prev := NewReport(time.Unix(0, 0), "", []Rank{worker(2, 0, 0, 1000, 10000, 8, 400)})
-	// Ten polls a second apart read 50 at batch 4, windows that lag the batch: a minute's half-life
-	// keeps 2^(-10/60) of the best, whether it took one poll or ten to get there.
+	// Ten polls a second apart read 50 at batch 4. After them the first reading weighs 2^(-10/60), the
+	// one j seconds before the last 2^(-j/60): a reading's weight halves in a minute, whether it took
+	// one poll or ten to get there.
 	prev = pollEverySecond(prev, 1, 10, worker(4, 0, 0, 1000, 10000, 8, 50))
-	if got, want := prev.DecodeAloneTokensPerSec(), math.Exp2(-10.0/60)*206.25; math.Abs(got-want) > 1e-9 {
-		t.Errorf("floor after ten low polls %.3f tok/s, want %.3f", got, want)
+	gen, batch := 400*math.Exp2(-10.0/60), eff(2)*math.Exp2(-10.0/60)
+	for j := range 10 {
+		gen += 50 * math.Exp2(-float64(j)/60)
+		batch += eff(4) * math.Exp2(-float64(j)/60)
+	}
+	if got, want := prev.DecodeAloneTokensPerSec(), gen/batch; math.Abs(got-want) > 1e-9 {
+		t.Errorf("speed alone after ten polls %.3f tok/s, want %.3f", got, want)
 	}
 }
 
-// A worker that nobody sends to measures nothing: its floor must not age while it stands idle, or a
-// low last reading (a window that lagged the batch) becomes its price, and it is never sent to again.
-func TestDecodeFloorKeptWhileIdle(t *testing.T) {
-	prev := NewReport(time.Unix(0, 0), "", []Rank{worker(2, 0, 0, 1000, 10000, 8, 400)}) // 206.25 alone
-	prev = pollEverySecond(prev, 1, 1, worker(4, 0, 0, 1000, 10000, 8, 50))              // its last reading
-	prev = pollEverySecond(prev, 2, 600, worker(0, 0, 0, 1000, 10000, 8, 0))             // ten idle minutes
-	if got, want := prev.DecodeAloneTokensPerSec(), math.Exp2(-1.0/60)*206.25; math.Abs(got-want) > 1e-9 {
-		t.Errorf("floor after ten idle minutes %.3f tok/s, want %.3f (aged by the low reading's second only)", got, want)
+// A worker that nobody sends to measures nothing: its readings must not age while it stands idle, or
+// its last reading alone (a window that lagged the batch) becomes its price.
+func TestDecodeReadingsKeptWhileIdle(t *testing.T) {
+	prev := NewReport(time.Unix(0, 0), "", []Rank{worker(2, 0, 0, 1000, 10000, 8, 400)})
+	prev = pollEverySecond(prev, 1, 1, worker(4, 0, 0, 1000, 10000, 8, 50))  // its last reading
+	prev = pollEverySecond(prev, 2, 600, worker(0, 0, 0, 1000, 10000, 8, 0)) // ten idle minutes
+	k := math.Exp2(-1.0 / 60)                                                // the first reading aged by the second to the last one only
+	if got, want := prev.DecodeAloneTokensPerSec(), (50+400*k)/(eff(4)+eff(2)*k); math.Abs(got-want) > 1e-9 {
+		t.Errorf("speed alone after ten idle minutes %.3f tok/s, want %.3f", got, want)
+	}
+}
+
+// gen_throughput is the output of a window over which the batch changed; the count of running
+// requests is the batch at the poll. Requests that decode at 100 tok/s alone, two at a time through
+// every window, are read right: by a poll that finds the batch just emptied and one that finds two
+// just started, and by polls that find one or three running. Each reading alone is far off.
+func TestDecodeSpeedOfAChangingBatch(t *testing.T) {
+	const alone = 100.0
+	windowGen := 2 * alone / (1 + 1.0/32) // two requests at batch 2 through the window
+	for _, tc := range []struct {
+		name     string
+		readings [][2]float64 // gen_throughput, running
+		within   float64      // relative error allowed: the readings' batch sizes straddle the mean one
+	}{
+		{"emptied, then just started", [][2]float64{{windowGen, 0}, {0, 2}}, 1e-4},
+		{"one, then three running", [][2]float64{{windowGen, 1}, {windowGen, 3}}, 0.02},
+	} {
+		var prev *Report
+		for i, r := range tc.readings {
+			// A millisecond apart, so that the readings weigh the same to a part in a million.
+			rep := NewReport(time.Unix(0, int64(i)*1e6), "", []Rank{worker(int64(r[1]), 0, 0, 1000, 10000, 8, r[0])})
+			rep.Follow(prev)
+			prev = rep
+		}
+		if got := prev.DecodeAloneTokensPerSec(); math.Abs(got/alone-1) > tc.within {
+			t.Errorf("%s: %.3f tok/s alone, want %v within %v", tc.name, got, alone, tc.within)
+		}
 	}
 }
 

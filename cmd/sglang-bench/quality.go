@@ -191,7 +191,7 @@ func runSeed(ctx context.Context, caddy string, specs []armSpec, jobs []job, sen
 			}
 			rs[i].routing.add(counts)
 		}
-		if len(a.caddys) > 0 {
+		if len(a.caddys) > 0 && a.policy.interval > 0 { // an arm of sglang_load
 			alone, prefill, err := a.caddys[0].speeds(a.fleet.addrs)
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "sglang-bench: %s: reading speeds: %v\n", specs[i].label(), err)
