@@ -162,7 +162,7 @@ func runAffinity(ctx context.Context, o affinityOptions, stdout, stderr io.Write
 		fmt.Fprintf(&b, "#### Workload %s\n\n%s. Ideal hit rate: %s.\n\n", w.name, w.about, w.ideal)
 		for _, rate := range o.rates {
 			cpu0 := markCPU()
-			res, err := runSeeds(ctx, o.caddy, specs, o.affinitySeedsAtOnce(), o.seeds, func(seed int64) []job {
+			res, err := runSeeds(ctx, o.caddy, specs, o.affinitySeedsAtOnce(), o.fleetPorts, o.seeds, func(seed int64) []job {
 				jobs := w.jobs(seed, rate)
 				return jobs[:min(len(jobs), o.requests)]
 			},

@@ -49,14 +49,49 @@ type fleet struct {
 	kvN    int
 }
 
-func startFleet() (*fleet, error) {
+// A worker's place in a key's rendezvous order follows from its address, so the ports of a fleet decide
+// which worker is home to which prefix: with ports taken at random, every run draws the homes again, and
+// a fleet that drew many homes onto its slowest worker does not come back when the run is repeated.
+// fleetPorts fixes them: from base, a block per seed (its value modulo maxPortSeeds) and arm (its place
+// in the run's list of arms), one port per worker. Below Linux's ephemeral range (32768 on), where Caddy's
+// own ports and the client's are taken.
+const (
+	maxPortSeeds = 64
+	maxPortArms  = 32
+)
+
+func fleetPorts(base int, seed int64, arm int) []int {
+	if base == 0 {
+		return nil
+	}
+	first := base + (portSeed(seed)*maxPortArms+arm)*len(workerScales)
+	ports := make([]int, len(workerScales))
+	for i := range ports {
+		ports[i] = first + i
+	}
+	return ports
+}
+
+// portSeed is a seed's block in the plan.
+func portSeed(seed int64) int { return int((seed%maxPortSeeds + maxPortSeeds) % maxPortSeeds) }
+
+// startFleet starts the workers on the given loopback ports, one per worker of workerScales, or on any
+// free ports when ports is nil.
+func startFleet(ports []int) (*fleet, error) {
 	f := &fleet{polls: make([]atomic.Int64, len(workerScales)), kvSum: make([]float64, len(workerScales)),
 		kvPeak: make([]float64, len(workerScales))}
 	for i := range workerScales {
 		w := sglangsim.New(workerConfig(i))
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		addr := "127.0.0.1:0"
+		if ports != nil {
+			addr = fmt.Sprintf("127.0.0.1:%d", ports[i])
+		}
+		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			f.Close()
+			if ports != nil {
+				err = fmt.Errorf("%w (-fleet-ports fixes the simulated workers' ports; 0 takes any free ones)", err)
+			}
 			return nil, err
 		}
 		polls := &f.polls[i]

@@ -48,6 +48,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	seeds := fs.String("seeds", "1,2,3,4,5", "workload seeds, comma list; every policy runs every seed")
 	rates := fs.String("rates", "", "mean arrival rates, requests/s (Poisson), comma list (default: quality 8,24; replicas 24; affinity 4,8)")
 	fs.IntVar(&q.requests, "requests", 2000, "requests per policy and seed (affinity: at most this many of each workload)")
+	fs.IntVar(&q.fleetPorts, "fleet-ports", 20000, "quality, replicas, affinity: the simulated workers listen on fixed loopback ports from this one on (a block per seed and arm, below the ephemeral range), so a rerun draws the same homes for the same prefixes; 0: any free ports")
 	fs.IntVar(&q.parallel, "parallel", 0, "seeds run at once; 0: quality and replicas up to 3, as many as keep the offered load (rate × policies × seeds) near 11 × 24 requests/s, affinity 1 (the policies of a seed always run at once)")
 	fs.StringVar(&q.only, "policies", "", "comma list of policy names to run (default: all of the mode)")
 	instances := fs.String("instances", "1,3", "replicas, affinity: Caddy (or router) instance counts to compare, comma list")
@@ -94,6 +95,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if q.parallel < 0 {
 		return fmt.Errorf("-parallel %d: must not be negative", q.parallel)
+	}
+	if last := q.fleetPorts + maxPortSeeds*maxPortArms*len(workerScales) - 1; q.fleetPorts != 0 && (q.fleetPorts < 1024 || last > 65535) {
+		return fmt.Errorf("-fleet-ports %d: want 0 or a port from 1024 with %d more after it", q.fleetPorts, last-q.fleetPorts)
 	}
 	if q.requests < 1 {
 		return fmt.Errorf("-requests %d: must be at least 1", q.requests)

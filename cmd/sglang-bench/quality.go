@@ -20,6 +20,7 @@ type qualityOptions struct {
 	rates            []float64
 	requests         int
 	parallel         int   // seeds run at once; 0: as many as keep the offered load near parallelLoad
+	fleetPorts       int   // the first port of the fixed plan (fleetPorts); 0: any free ports
 	instances        []int // replicas, affinity: instance counts to compare
 }
 
@@ -140,7 +141,7 @@ func singleInstance(ps []policy) []armSpec {
 
 // runSeed starts every arm, sends them jobs at the same moments, and returns their figures in order.
 // sent is called once every job has gone out (or the arms failed to start).
-func runSeed(ctx context.Context, caddy string, specs []armSpec, jobs []job, sent func()) ([]armResult, error) {
+func runSeed(ctx context.Context, caddy string, specs []armSpec, jobs []job, sent func(), ports func(arm int) []int) ([]armResult, error) {
 	var once sync.Once
 	defer once.Do(sent)
 	arms := make([]*arm, len(specs))
@@ -151,7 +152,7 @@ func runSeed(ctx context.Context, caddy string, specs []armSpec, jobs []job, sen
 			// One more try with a fresh fleet and fresh Caddy processes: on a machine this busy a start can
 			// fail for reasons that have nothing to do with the policy.
 			for try := range 2 {
-				if arms[i], errs[i] = startArm(ctx, caddy, s.p, s.n); errs[i] == nil || ctx.Err() != nil {
+				if arms[i], errs[i] = startArm(ctx, caddy, s.p, s.n, ports(i)); errs[i] == nil || ctx.Err() != nil {
 					return
 				}
 				if try == 0 {
@@ -277,8 +278,20 @@ type seedResults struct {
 }
 
 // runSeeds runs every seed (parallel of them at once) and gathers the results per policy.
-func runSeeds(ctx context.Context, caddy string, specs []armSpec, parallel int, seeds []int64, jobsOf func(seed int64) []job,
+func runSeeds(ctx context.Context, caddy string, specs []armSpec, parallel, portBase int, seeds []int64, jobsOf func(seed int64) []job,
 	stderr io.Writer, label string) (seedResults, error) {
+	if portBase != 0 {
+		if len(specs) > maxPortArms {
+			return seedResults{}, fmt.Errorf("%d arms: -fleet-ports plans for at most %d (0 takes any free ports)", len(specs), maxPortArms)
+		}
+		seen := map[int]int64{}
+		for _, s := range seeds {
+			if other, ok := seen[portSeed(s)]; ok {
+				return seedResults{}, fmt.Errorf("seeds %d and %d would share fleet ports (-fleet-ports plans by seed modulo %d; 0 takes any free ports)", other, s, maxPortSeeds)
+			}
+			seen[portSeed(s)] = s
+		}
+	}
 	out := seedResults{seeds: seeds, byPolicy: make([][]armResult, len(specs))}
 	for _, s := range specs {
 		out.policies = append(out.policies, s.label())
@@ -296,7 +309,7 @@ func runSeeds(ctx context.Context, caddy string, specs []armSpec, parallel int, 
 			sent.Add(1)
 			wg.Go(func() {
 				start := time.Now()
-				perSeed[i], errs[i] = runSeed(ctx, caddy, specs, jobsOf(seed), sent.Done)
+				perSeed[i], errs[i] = runSeed(ctx, caddy, specs, jobsOf(seed), sent.Done, func(arm int) []int { return fleetPorts(portBase, seed, arm) })
 				for _, r := range perSeed[i] {
 					fmt.Fprintf(stderr, "sglang-bench: %s seed %d %-42s p50 %6.2fs p99 %6.2fs share %s%s%s failed %d %s\n", label, seed, r.name, r.p50, r.p99,
 						shares([]armResult{r}), r.routing, r.speeds, r.failed, r.firstFailure)
@@ -330,7 +343,7 @@ func runQuality(ctx context.Context, o qualityOptions, stdout, stderr io.Writer)
 	var runs []qualityRun
 	for _, rate := range o.rates {
 		cpu0 := markCPU()
-		res, err := runSeeds(ctx, o.caddy, singleInstance(ps), o.seedsAtOnce(rate, len(ps)), o.seeds,
+		res, err := runSeeds(ctx, o.caddy, singleInstance(ps), o.seedsAtOnce(rate, len(ps)), o.fleetPorts, o.seeds,
 			func(seed int64) []job { return qualityWorkload(seed, rate, o.requests) }, stderr, fmt.Sprintf("%g/s", rate))
 		if err != nil {
 			return err

@@ -39,7 +39,7 @@ func runReplicas(ctx context.Context, o qualityOptions, stdout, stderr io.Writer
 	var runs []qualityRun
 	for _, rate := range o.rates {
 		cpu0 := markCPU()
-		res, err := runSeeds(ctx, o.caddy, specs, o.seedsAtOnce(rate, len(specs)), o.seeds,
+		res, err := runSeeds(ctx, o.caddy, specs, o.seedsAtOnce(rate, len(specs)), o.fleetPorts, o.seeds,
 			func(seed int64) []job { return qualityWorkload(seed, rate, o.requests) }, stderr, fmt.Sprintf("replicas %g/s", rate))
 		if err != nil {
 			return err

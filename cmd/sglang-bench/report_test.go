@@ -146,12 +146,12 @@ func TestSummarise(t *testing.T) {
 // routers to real simulated workers on loopback, and checks what the client measured against the workload.
 func TestArmsAgainstSimulatedWorkers(t *testing.T) {
 	ctx := context.Background()
-	ca, err := startArm(ctx, "", policy{name: "cache_aware", router: newCacheAware}, 1)
+	ca, err := startArm(ctx, "", policy{name: "cache_aware", router: newCacheAware}, 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ca.Close()
-	ph, err := startArm(ctx, "", policy{name: "prefix_hash", router: newPrefixHash}, 3)
+	ph, err := startArm(ctx, "", policy{name: "prefix_hash", router: newPrefixHash}, 3, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func TestArmsAgainstSimulatedWorkers(t *testing.T) {
 
 	// Sessions: each turn's prompt is the previous prompt, its answer and the new message.
 	ss := sessionShape{sessions: 3, turns: 3, firstTokens: 40, messageTokens: 8, outputTokens: 4, thinkTime: time.Millisecond}
-	sess, err := startArm(ctx, "", policy{name: "cache_aware", router: newCacheAware}, 1)
+	sess, err := startArm(ctx, "", policy{name: "cache_aware", router: newCacheAware}, 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,8 +67,8 @@ type arm struct {
 }
 
 // startArm starts a fleet and n Caddy instances (or n router instances) in front of it.
-func startArm(ctx context.Context, caddy string, p policy, n int) (*arm, error) {
-	f, err := startFleet()
+func startArm(ctx context.Context, caddy string, p policy, n int, ports []int) (*arm, error) {
+	f, err := startFleet(ports)
 	if err != nil {
 		return nil, err
 	}
