@@ -198,8 +198,8 @@ func (r *Report) Follow(prev *Report) {
 		return
 	}
 	r.work.readings = min(r.work.readings+prev.work.readings, trustedReadings)
-	// Only a reading ages the earlier ones. A worker idle between readings has the speed it had; one
-	// whose sums aged while it stood idle would be priced by its last reading alone.
+	// Only a reading ages the earlier ones. A worker idle between readings has the speed it had: sums
+	// aged while it stood idle would let its next reading, however far off, decide its speed alone.
 	kept := 1.0
 	if gap := r.Received.Sub(prev.Received); gap > 0 && r.work.sampled {
 		kept = math.Exp2(-gap.Seconds() / decodeMemory.Seconds())

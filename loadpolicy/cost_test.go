@@ -211,13 +211,17 @@ func TestDecodeReadingsAgeInTime(t *testing.T) {
 }
 
 // A worker that nobody sends to measures nothing: its readings must not age while it stands idle, or
-// its last reading alone (a window that lagged the batch) becomes its price.
+// the first reading after (a window that lagged the batch, say) decides its speed alone.
 func TestDecodeReadingsKeptWhileIdle(t *testing.T) {
 	prev := NewReport(time.Unix(0, 0), "", []Rank{worker(2, 0, 0, 1000, 10000, 8, 400)})
-	prev = pollEverySecond(prev, 1, 1, worker(4, 0, 0, 1000, 10000, 8, 50))  // its last reading
-	prev = pollEverySecond(prev, 2, 600, worker(0, 0, 0, 1000, 10000, 8, 0)) // ten idle minutes
-	k := math.Exp2(-1.0 / 60)                                                // the first reading aged by the second to the last one only
-	if got, want := prev.DecodeAloneTokensPerSec(), (50+400*k)/(eff(4)+eff(2)*k); math.Abs(got-want) > 1e-9 {
+	prev = pollEverySecond(prev, 1, 1, worker(4, 0, 0, 1000, 10000, 8, 50))     // a low reading
+	prev = pollEverySecond(prev, 2, 600, worker(0, 0, 0, 1000, 10000, 8, 0))    // ten idle minutes
+	prev = pollEverySecond(prev, 601, 601, worker(4, 0, 0, 1000, 10000, 8, 50)) // another low one
+	// Each reading ages the earlier ones by the second since the report before it: the idle minutes
+	// age nothing.
+	k := math.Exp2(-1.0 / 60)
+	gen, batch := 50+k*(50+400*k), eff(4)+k*(eff(4)+eff(2)*k)
+	if got, want := prev.DecodeAloneTokensPerSec(), gen/batch; math.Abs(got-want) > 1e-9 {
 		t.Errorf("speed alone after ten idle minutes %.3f tok/s, want %.3f", got, want)
 	}
 }
