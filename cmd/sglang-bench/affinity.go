@@ -149,7 +149,7 @@ func runAffinity(ctx context.Context, o affinityOptions, stdout, stderr io.Write
 	var b strings.Builder
 	header(&b, "Prefix affinity")
 	fmt.Fprintf(&b, "Seeds %v; every arm (policy × instances) has its own fleet, all arms of a seed run at once; requests go to "+
-		"one of an arm's instances at random (the same choice in every arm). %s %s\n\n", o.seeds, fleetLine(), note)
+		"one of an arm's instances at random (the same choice in every arm). %s %s\n\n", o.seeds, fleetLine(o.fleetPorts), note)
 	b.WriteString("The re-implementations (labelled re-impl.) are in-process routers inside the bench, one state per instance " +
 		"(so ×3 means three separate trees or in-flight counts): the bench asks the router for a worker and sends the request " +
 		"straight to it, skipping the proxy hop — a difference of tens of microseconds against latencies of seconds.\n\n")

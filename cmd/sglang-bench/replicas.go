@@ -60,7 +60,7 @@ func replicasMarkdown(o qualityOptions, ps []policy, runs []qualityRun, total cp
 	fmt.Fprintf(&b, "Workload: the quality workload, %d requests per arm and seed, seeds %v; each request goes to one of the "+
 		"instances at random (the same choice in every arm). Instances share nothing: each counts only its own in-flight "+
 		"requests and polls every worker itself. Every arm has its own fleet; all arms of a seed run at once. %s\n\n",
-		o.requests, o.seeds, fleetLine())
+		o.requests, o.seeds, fleetLine(o.fleetPorts))
 	fmt.Fprintf(&b, "CPU, whole run: %s.\n\n", total)
 	b.WriteString(spreadLegend)
 	for _, run := range runs {

@@ -91,14 +91,18 @@ func header(b *strings.Builder, title string) {
 	fmt.Fprintf(b, "Machine: %s.\n\n", machine())
 }
 
-func fleetLine() string {
+func fleetLine(portBase int) string {
 	names := make([]string, len(workerScales))
 	for i := range workerScales {
 		c := workerConfig(i)
 		names[i] = fmt.Sprintf("%s (pool %d, batch %d, decode %g tok/s, prefill %g tok/s)", c.Name, c.MaxTotalTokens,
 			c.MaxRunningRequests, c.DecodeTokensPerSec, c.PrefillTokensPerSec)
 	}
-	return "Workers: " + strings.Join(names, ", ") + "."
+	ports := "on any free ports (-fleet-ports 0): a rerun draws other prefix homes"
+	if portBase != 0 {
+		ports = fmt.Sprintf("on fixed ports from %d (-fleet-ports), a block per seed and arm", portBase)
+	}
+	return "Workers: " + strings.Join(names, ", ") + "; " + ports + "."
 }
 
 const spreadLegend = "Every figure is the median over seeds with its range (min..max) in brackets. A ratio is computed seed by " +
@@ -112,7 +116,7 @@ func qualityMarkdown(o qualityOptions, runs []qualityRun, total cpuUse) string {
 		"%.0f%% long (prompt %d, max_tokens %d); %.0f%% streamed; each prompt unique from its first token. Seeds %v. %s "+
 		"All policies of a seed run at once, each with its own Caddy and its own workers, sent the same requests at the same moments.\n\n",
 		o.requests, (1-longShare)*100, shortPrompt, shortOutput, longShare*100, longPrompt, longOutput, streamShare*100,
-		o.seeds, fleetLine())
+		o.seeds, fleetLine(o.fleetPorts))
 	fmt.Fprintf(&b, "CPU, whole run: %s.\n\n", total)
 	b.WriteString(spreadLegend)
 	for _, run := range runs {
