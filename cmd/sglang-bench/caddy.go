@@ -17,6 +17,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/caddy-sglang/caddy-sglang/affinity"
 )
 
 // caddyProc is a bin/caddy process running one generated Caddyfile, with its admin API and its site on
@@ -211,14 +213,10 @@ func pollUntil(ctx context.Context, timeout time.Duration, check func() (bool, e
 
 // routingCounts are what a Caddy's metrics say about how it routed and polled.
 type routingCounts struct {
-	byLoad, byFallback float64 // selections_total by branch
-	polls, pollsFailed float64 // polls_total: every result, and every result but ok
-	// affinity_decisions_total by outcome, in the order of affinityOutcomes
-	affinity [len(affinityOutcomes)]float64
+	byLoad, byFallback float64                         // selections_total by branch
+	polls, pollsFailed float64                         // polls_total: every result, and every result but ok
+	affinity           [len(affinity.Outcomes)]float64 // affinity_decisions_total, by affinity.Outcome
 }
-
-// affinityOutcomes are the outcome labels of affinity_decisions_total.
-var affinityOutcomes = [...]string{"followed", "yielded", "new", "no_key"}
 
 func (c *routingCounts) add(o routingCounts) {
 	c.byLoad += o.byLoad
@@ -258,9 +256,9 @@ func (p *caddyProc) routingCounts() (routingCounts, error) {
 				c.pollsFailed += value
 			}
 		case strings.HasPrefix(name, "caddy_sglang_load_affinity_decisions_total{"):
-			for i, o := range affinityOutcomes {
-				if name == `caddy_sglang_load_affinity_decisions_total{outcome="`+o+`"}` {
-					c.affinity[i] += value
+			for _, o := range affinity.Outcomes {
+				if name == `caddy_sglang_load_affinity_decisions_total{outcome="`+o.String()+`"}` {
+					c.affinity[o] += value
 				}
 			}
 		}
@@ -293,9 +291,9 @@ func (c routingCounts) String() string {
 	}
 	s := fmt.Sprintf(" fallback %.1f%% polls failed %.0f/%.0f", 100*c.byFallback/max(c.byLoad+c.byFallback, 1), c.pollsFailed, c.polls)
 	var outcomes []string
-	for i, o := range affinityOutcomes {
-		if c.affinity[i] > 0 {
-			outcomes = append(outcomes, fmt.Sprintf("%s %.0f", o, c.affinity[i]))
+	for _, o := range affinity.Outcomes {
+		if c.affinity[o] > 0 {
+			outcomes = append(outcomes, fmt.Sprintf("%s %.0f", o, c.affinity[o]))
 		}
 	}
 	if len(outcomes) > 0 {
