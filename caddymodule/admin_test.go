@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/caddy-sglang/caddy-sglang/monitor"
 )
 
 const adminURL = "http://localhost:2999"
@@ -639,6 +641,26 @@ http://127.0.0.1:9080 {
 			if strings.Contains(line, secret) {
 				t.Errorf("the api key appears in a log line: %s", line)
 			}
+		}
+	}
+}
+
+// A worker new to the process makes its first polls a tenth of the interval apart, so that what one
+// poll cannot measure (speeds, from the difference of counters) is known within an interval; a worker
+// that a reload keeps has been measured, and is polled at the interval from the start.
+func TestNewWorkersWarmUp(t *testing.T) {
+	busy, mid, idle := threeWorkers(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(caddyfile("interval 2s", "", busy, mid), "caddyfile")
+	// At the interval, monitor.WarmUpPolls polls would take 18 s.
+	first := waitWorkers(t, 8*time.Second, "the warm-up polls", func(w worker) bool { return w.PollsOK >= uint64(monitor.WarmUpPolls) }, busy, mid)
+
+	tester.InitServer(caddyfile("interval 2s", "", busy, mid, idle), "caddyfile")
+	view := waitWorkers(t, 8*time.Second, "the new worker's warm-up", func(w worker) bool { return w.PollsOK >= uint64(monitor.WarmUpPolls/2) }, idle)
+	for _, w := range []*testWorker{busy, mid} {
+		// A poll by the new config as it starts, and one by the old before it stops, at most.
+		if more := view[w.addr()].PollsOK - first[w.addr()].PollsOK; more > 2 {
+			t.Errorf("%s: %d more polls while the new worker made %d, want at most 2", w.addr(), more, view[idle.addr()].PollsOK)
 		}
 	}
 }

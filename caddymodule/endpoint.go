@@ -406,6 +406,9 @@ func (a *App) register(spec endpointSpec, dial string, fleet *fleetSpeed) (*endp
 		Timeout:   a.timeoutFor(spec.interval),
 		State:     &ep.state.State,
 		Published: ep.state.refresh,
+		// A worker new to this process is measured within an interval; one that an earlier config
+		// polled has its measurements.
+		WarmUp: ep.state.Load() == nil,
 	})
 	if err != nil {
 		_ = stamped.Close()

@@ -29,6 +29,10 @@ type Target struct {
 	Interval time.Duration // time between polls; must be > 0
 	Timeout  time.Duration // deadline of each poll; must be > 0
 	State    *State        // where results go; may be shared with other monitors (config reloads)
+	// WarmUp asks for the endpoint's first WarmUpPolls polls a tenth of the interval apart, until one
+	// fails: what a report measures from its predecessor (speeds from the difference of counters) is
+	// then known within one interval of the endpoint's start instead of several.
+	WarmUp bool
 	// Published, when set, is called after each result is published to State, before OnResult.
 	Published func()
 }
@@ -206,13 +210,21 @@ func (m *Monitor) loop(ctx context.Context, p *poller) {
 	// One timer per poller, reset for each wait: a fleet of pollers would otherwise make a timer per poll.
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	for {
+	warming := p.target.WarmUp
+	for polls := 1; ; polls++ {
 		failures := m.poll(ctx, p.target)
-		wait := time.Duration(p.interval.Load())
+		warming = warming && failures == 0 && polls < WarmUpPolls
+		interval := time.Duration(p.interval.Load())
+		wait := interval
 		if failures >= failingSlowdown {
 			wait *= 2
 		}
-		timer.Reset(m.onGrid(jitter(wait, m.opts.Jitter), time.Duration(p.interval.Load())/wakeGrid))
+		if warming {
+			wait = interval / wakeGrid // one slot of the wake-up grid: jitter would round away
+		} else {
+			wait = jitter(wait, m.opts.Jitter)
+		}
+		timer.Reset(m.onGrid(wait, interval/wakeGrid))
 		select {
 		case <-ctx.Done():
 			return
@@ -220,6 +232,10 @@ func (m *Monitor) loop(ctx context.Context, p *poller) {
 		}
 	}
 }
+
+// WarmUpPolls is how many polls a Target with WarmUp makes a tenth of the interval apart: its first
+// interval.
+const WarmUpPolls = wakeGrid
 
 // wakeGrid is how many wake-up slots an interval has. Polls wait until the slot nearest their jittered
 // time, so the pollers due in one slot wake together: at 1,000 endpoints and 1s, the process wakes about

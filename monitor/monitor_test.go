@@ -268,3 +268,59 @@ func TestStopAndRemoveCutThePollInFlight(t *testing.T) {
 		})
 	}
 }
+
+// A new endpoint with WarmUp makes its first WarmUpPolls polls a tenth of the interval apart, then
+// settles to the interval; a failed poll ends the warm-up, and without WarmUp there is none.
+func TestWarmUpPollsThenInterval(t *testing.T) {
+	const interval = 500 * time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		warmUp bool
+		failAt int // the poll (1-based) that fails; 0 for none
+		quick  int // polls that come a tenth of the interval apart, counting the first
+	}{
+		{"warm-up", true, 0, WarmUpPolls},
+		{"no warm-up", false, 0, 1},
+		{"failure ends it", true, 3, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			polls := make(chan time.Time, 64)
+			var n atomic.Int64
+			f := &funcFetcher{fn: func(context.Context) (*loadpolicy.Report, error) {
+				polls <- time.Now()
+				if int(n.Add(1)) == tc.failAt {
+					return nil, errors.New("refused")
+				}
+				return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{{Fields: loadpolicy.FieldRunning}}), nil
+			}}
+			m := New(Options{})
+			if err := m.Add(Target{Key: "a", Fetcher: f, Interval: interval, Timeout: time.Second, State: new(State), WarmUp: tc.warmUp}); err != nil {
+				t.Fatal(err)
+			}
+			m.Start()
+			defer m.Close()
+			next := func() time.Time {
+				select {
+				case at := <-polls:
+					return at
+				case <-time.After(5 * time.Second):
+					t.Fatal("no poll within 5s")
+					return time.Time{}
+				}
+			}
+			first := next()
+			last := first
+			for range tc.quick - 1 {
+				last = next()
+			}
+			// At the interval these polls would take (quick - 1) × 0.9 intervals at least.
+			if took := last.Sub(first); tc.quick > 1 && took > time.Duration(tc.quick-1)*interval/2 {
+				t.Errorf("%d polls took %s, want a tenth of the interval apart", tc.quick, took)
+			}
+			// Then the interval: no sooner than its jitter (10%) and grid rounding (half a slot) allow.
+			if gap := next().Sub(last); gap < interval*8/10 {
+				t.Errorf("poll %d came %s after the one before, want about the interval %s", tc.quick+1, gap, interval)
+			}
+		})
+	}
+}
