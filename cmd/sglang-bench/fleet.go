@@ -72,6 +72,9 @@ func fleetPorts(base int, seed int64, arm int) []int {
 	return ports
 }
 
+// fleetPortSpan is how many ports the plan takes from its base: a block per seed and arm.
+func fleetPortSpan() int { return maxPortSeeds * maxPortArms * len(workerScales) }
+
 // portSeed is a seed's block in the plan.
 func portSeed(seed int64) int { return int((seed%maxPortSeeds + maxPortSeeds) % maxPortSeeds) }
 

@@ -19,8 +19,8 @@ func TestFleetPorts(t *testing.T) {
 				t.Fatalf("seed %d arm %d: %d ports, want %d", seed, arm, len(ports), len(workerScales))
 			}
 			for _, p := range ports {
-				if p < 20000 || p >= 32768 {
-					t.Fatalf("seed %d arm %d: port %d outside 20000..32767", seed, arm, p)
+				if p < 20000 || p >= 32768 || p >= 20000+fleetPortSpan() {
+					t.Fatalf("seed %d arm %d: port %d outside 20000..32767 or the plan's %d ports", seed, arm, p, fleetPortSpan())
 				}
 				if other, ok := seen[p]; ok {
 					t.Fatalf("seed %d arm %d: port %d also given to %s", seed, arm, p, other)

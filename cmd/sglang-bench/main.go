@@ -96,7 +96,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if q.parallel < 0 {
 		return fmt.Errorf("-parallel %d: must not be negative", q.parallel)
 	}
-	if last := q.fleetPorts + maxPortSeeds*maxPortArms*len(workerScales) - 1; q.fleetPorts != 0 && (q.fleetPorts < 1024 || last > 65535) {
+	if last := q.fleetPorts + fleetPortSpan() - 1; q.fleetPorts != 0 && (q.fleetPorts < 1024 || last > 65535) {
 		return fmt.Errorf("-fleet-ports %d: want 0 or a port from 1024 with %d more after it", q.fleetPorts, last-q.fleetPorts)
 	}
 	if q.requests < 1 {
