@@ -125,3 +125,33 @@ func TestFleetSpeedPerPolicy(t *testing.T) {
 		t.Errorf("after the large pool let the worker go: fastest %v, want %v unchanged", got, before)
 	}
 }
+
+// The delay a request brings its batch counts in full by default, not at all with affinity, and as
+// the option says when set.
+func TestCostParamsDelayToOthers(t *testing.T) {
+	half, none := 0.5, 0.0
+	tests := []struct {
+		name   string
+		policy func() *Policy
+		want   float64
+	}{
+		{"default", func() *Policy { return &Policy{} }, 1},
+		{"metric cost", func() *Policy { return &Policy{Metric: "cost"} }, 1},
+		{"affinity prefix", func() *Policy { return &Policy{Affinity: affinityPrefix} }, 0},
+		{"affinity header", func() *Policy { return &Policy{Affinity: affinityHeader, AffinityHeader: "X-Session-ID"} }, 0},
+		{"set to 0.5", func() *Policy { return &Policy{DelayToOthers: &half} }, 0.5},
+		{"set to 0", func() *Policy { return &Policy{DelayToOthers: &none} }, 0},
+		{"set to 0.5 with affinity", func() *Policy { return &Policy{Affinity: affinityPrefix, DelayToOthers: &half} }, 0.5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := tt.policy()
+			if err := p.parseOptions(); err != nil {
+				t.Fatal(err)
+			}
+			if got := p.costParams().DelayToOthers; got != tt.want {
+				t.Errorf("delay to others %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

@@ -122,7 +122,7 @@ type Policy struct {
 
 	// How much of the time a request takes from the requests decoding beside it counts in its price,
 	// for the cost metric, 0 to 1: 0 places each request where it finishes first, 1 where the fleet's
-	// total time grows least. Default: 0 (affinity's hit rates fell with 1; see the README).
+	// total time grows least. Default: 1, and 0 with affinity (its hit rates fell with 1; see the README).
 	DelayToOthers *float64 `json:"delay_to_others,omitempty"`
 
 	// Whether to count the proxy's own requests started since a worker's last report as load on it
@@ -306,10 +306,7 @@ func (p *Policy) parseOptions() error {
 		DecodeTokensPerSec:  cmp.Or(p.DecodeTokensPerSec, d.DecodeTokensPerSec),
 		DecodeBatchHalving:  cmp.Or(p.DecodeBatchHalving, d.DecodeBatchHalving),
 		MeanOutputTokens:    float64(p.defaultMaxTokens()),
-		DelayToOthers:       d.DelayToOthers,
-	}
-	if p.DelayToOthers != nil {
-		p.costs.DelayToOthers = *p.DelayToOthers
+		DelayToOthers:       p.delayToOthers(),
 	}
 	p.meanOut.Store(float64(p.defaultMaxTokens()))
 	return p.parseAffinity()
@@ -356,7 +353,7 @@ const (
 	defaultPrefillTokensPerSec = 8000
 	defaultDecodeTokensPerSec  = 50
 	defaultDecodeBatchHalving  = 32
-	defaultDelayToOthers       = 0
+	defaultDelayToOthers       = 1
 	defaultReadBody            = 64 << 10
 )
 
@@ -375,10 +372,26 @@ func (p *Policy) costParams() loadpolicy.CostParams {
 	return params
 }
 
-// defaultCostParams are the cost model's stand-ins with every option at its default.
+// defaultCostParams are the cost model's stand-ins with every option at its default, pricing a
+// request alone (no delay to others): what it would take on the worker.
 func defaultCostParams() loadpolicy.CostParams {
 	return loadpolicy.CostParams{PrefillTokensPerSec: defaultPrefillTokensPerSec, DecodeTokensPerSec: defaultDecodeTokensPerSec,
-		DecodeBatchHalving: defaultDecodeBatchHalving, DelayToOthers: defaultDelayToOthers, MeanOutputTokens: defaultMaxTokens}
+		DecodeBatchHalving: defaultDecodeBatchHalving, MeanOutputTokens: defaultMaxTokens}
+}
+
+// delayToOthers is the option, else its default. Pricing the delay a request brings its batch sends
+// work where the fleet's total time grows least: at 24/s it took p50 from 1.09× least_conn to 0.97×,
+// p99 kept (results/2026-12-05/quality-others.md). With affinity it makes a key's home, usually
+// busier than the fleet's mean, dearer, and hit rates fell from 0.91–0.96 of the ideal to 0.84–0.88
+// (results/2026-12-04/affinity-delay.md), so affinity prices a request alone.
+func (p *Policy) delayToOthers() float64 {
+	switch {
+	case p.DelayToOthers != nil:
+		return *p.DelayToOthers
+	case p.Affinity != "":
+		return 0
+	}
+	return defaultDelayToOthers
 }
 
 func (p *Policy) defaultMaxTokens() int64 { return cmp.Or(p.DefaultMaxTokens, defaultMaxTokens) }

@@ -64,15 +64,14 @@ func qualityPolicies() []policy {
 		sglangLoad("sglang_load cost 10s", 10*time.Second, "metric cost"),
 		sglangLoad("sglang_load cost 10s no-inflight", 10*time.Second, "metric cost", "inflight_correction off"),
 		sglangLoad("sglang_load cost 1s", time.Second, "metric cost"),
-		// Studies, run when named. The simulated workers halve a request's decode speed at 16 more in
-		// the batch; the default assumes 32: how much knowing the fleet's own figure is worth.
+		// Studies, run when named. The default prices the delay a request brings the others in its
+		// batch; "alone" prices the request alone, so each goes where it finishes first.
+		study(sglangLoad("sglang_load cost 10s alone", 10*time.Second, "metric cost", "delay_to_others 0")),
+		study(sglangLoad("sglang_load cost 1s alone", time.Second, "metric cost", "delay_to_others 0")),
+		// The simulated workers halve a request's decode speed at 16 more in the batch; the default
+		// assumes 32: how much knowing the fleet's own figure is worth.
 		study(sglangLoad("sglang_load cost 10s halving 16", 10*time.Second, "metric cost", "decode_batch_halving 16")),
-		// The default prices a request alone; 1 adds the delay it brings the others in its batch.
-		study(sglangLoad("sglang_load cost 10s others 1", 10*time.Second, "metric cost", "delay_to_others 1")),
-		study(sglangLoad("sglang_load cost 1s others 1", time.Second, "metric cost", "delay_to_others 1")),
-		// Both together.
-		study(sglangLoad("sglang_load cost 10s halving 16 others 1", 10*time.Second, "metric cost", "decode_batch_halving 16", "delay_to_others 1")),
-		study(sglangLoad("sglang_load cost 1s halving 16 others 1", time.Second, "metric cost", "decode_batch_halving 16", "delay_to_others 1")),
+		study(sglangLoad("sglang_load cost 1s halving 16", time.Second, "metric cost", "decode_batch_halving 16")),
 	}
 }
 
