@@ -110,6 +110,7 @@ type armResult struct {
 	share                       []float64     // of completed requests, per worker
 	hit, ideal                  float64       // cached / prompt tokens: the fleet's, and one unlimited cache's
 	kvMean, kvPeak, pollsPerSec []float64     // per worker
+	seconds                     float64       // the run's length, over which pollsPerSec counts
 	routing                     routingCounts // summed over the arm's Caddy instances, from start to end
 	speeds                      string        // the speeds the first Caddy instance holds per worker at the end
 	tail                        []sample      // the slowest 1% of completed requests
@@ -247,9 +248,9 @@ func summarise(a *arm, name string, begin time.Time, polls0 []int64) armResult {
 	r.p50, r.p90, r.p99 = quantile(lat, 0.5), quantile(lat, 0.9), quantile(lat, 0.99)
 	r.ttftMean, r.ttft50, r.ttft90, r.ttft99 = mean(ttft), quantile(ttft, 0.5), quantile(ttft, 0.9), quantile(ttft, 0.99)
 	r.kvMean, r.kvPeak = a.fleet.kv()
-	span := time.Since(begin).Seconds()
+	r.seconds = time.Since(begin).Seconds()
 	for i, p := range a.fleet.pollCounts() {
-		r.pollsPerSec = append(r.pollsPerSec, float64(p-polls0[i])/span)
+		r.pollsPerSec = append(r.pollsPerSec, float64(p-polls0[i])/r.seconds)
 	}
 	r.tail = slowest(ok, 0.01)
 	return r

@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/caddy-sglang/caddy-sglang/monitor"
 )
 
 // replicaPolicies are compared with 1 and with more Caddy instances in front of one fleet.
@@ -54,6 +56,21 @@ func runReplicas(ctx context.Context, o qualityOptions, stdout, stderr io.Writer
 	return nil
 }
 
+// expectedPollRate is the load polls a second each worker should answer in runs as long as rs's (their
+// median), from instances Caddys polling every interval: each makes its first monitor.WarmUpPolls
+// polls within about one interval, WarmUpPolls - 1 more than the interval gives.
+func expectedPollRate(instances int, interval time.Duration, rs []armResult) float64 {
+	seconds := make([]float64, len(rs))
+	for i, r := range rs {
+		seconds[i] = r.seconds
+	}
+	rate := 1 / interval.Seconds()
+	if run := spreadOf(seconds).med; run > 0 {
+		rate += float64(monitor.WarmUpPolls-1) / run
+	}
+	return float64(instances) * rate
+}
+
 func replicasMarkdown(o qualityOptions, ps []policy, runs []qualityRun, total cpuUse) string {
 	var b strings.Builder
 	header(&b, "Several Caddy instances in front of one fleet")
@@ -67,7 +84,7 @@ func replicasMarkdown(o qualityOptions, ps []policy, runs []qualityRun, total cp
 		fmt.Fprintf(&b, "#### %g requests/s in total\n\nCPU: %s.\n\n", run.rate, run.cpu)
 		figuresTable(&b, run.res, []metric{mP50, mP90, mP99, mTTFT99, mTok})
 		fmt.Fprintf(&b, "p99 with more instances ÷ p99 with %d (goal: ≤ 1.15 with 3), and load polls each worker answered:\n\n", o.instances[0])
-		b.WriteString("| policy | instances | p99 ratio | p50 ratio | polls/s per worker (median) | expected: instances ÷ interval | goal met on every seed |\n")
+		b.WriteString("| policy | instances | p99 ratio | p50 ratio | polls/s per worker (median) | expected: instances × (1 ÷ interval + warm-up ÷ run) | goal met on every seed |\n")
 		b.WriteString("|---|---:|---|---|---|---:|---|\n")
 		for _, p := range ps {
 			base := run.res.find(armSpec{p, o.instances[0]}.label())
@@ -83,8 +100,8 @@ func replicasMarkdown(o qualityOptions, ps []policy, runs []qualityRun, total cp
 					polls[w] = fmt.Sprintf("%.2f", spreadOf(v).med)
 				}
 				expected, goal := "-", "-"
-				if p.interval > 0 {
-					expected = fmt.Sprintf("%.2f", float64(n)/p.interval.Seconds())
+				if p.interval > 0 && len(rs) > 0 {
+					expected = fmt.Sprintf("%.2f", expectedPollRate(n, p.interval, rs))
 				}
 				ratio := spreadOf(ratios(values(rs, mP99), values(base, mP99)))
 				if n != o.instances[0] {

@@ -17,7 +17,7 @@ func fakeResults(figs map[string][2][]float64, order []string) seedResults {
 			tail := sample{long: true, stream: true, worker: 0, latency: 10 * time.Second, ttft: 3 * time.Second, queue: 2, firstToken: 2.5}
 			rs = append(rs, armResult{name: name, p50: figs[name][0][i], p90: figs[name][1][i] / 2, p99: figs[name][1][i],
 				ttftMean: 0.1, ttft90: 0.2, ttft99: 0.3, tokPerSec: 1000, share: []float64{0.2, 0.3, 0.5},
-				kvMean: []float64{0.7, 0.2, 0.1}, kvPeak: []float64{0.9, 0.5, 0.3}, pollsPerSec: []float64{1, 1, 1},
+				kvMean: []float64{0.7, 0.2, 0.1}, kvPeak: []float64{0.9, 0.5, 0.3}, pollsPerSec: []float64{1, 1, 1}, seconds: 90,
 				tail: []sample{tail}})
 		}
 		sr.byPolicy = append(sr.byPolicy, rs)
@@ -91,8 +91,8 @@ func TestReplicasAndAffinityReportsAreWellFormed(t *testing.T) {
 		[]qualityRun{{rate: 24, res: sr, cpu: cpuUse{wall: time.Second, machineBusy: -1}}}, cpuUse{wall: time.Second, machineBusy: -1})
 	for _, want := range []string{
 		"| least_conn | 3 | 1.10 (1.10..1.20) | 1.00 (1.00..1.00) | 1.00 / 1.00 / 1.00 | - | no |",
-		"| sglang_load | 3 | 1.12 (1.00..1.25) | 1.00 (1.00..1.00) | 1.00 / 1.00 / 1.00 | 0.30 | no |",
-		"| sglang_load | 1 | 1.00 (1.00..1.00) | 1.00 (1.00..1.00) | 1.00 / 1.00 / 1.00 | 0.10 | - |",
+		"| sglang_load | 3 | 1.12 (1.00..1.25) | 1.00 (1.00..1.00) | 1.00 / 1.00 / 1.00 | 0.60 | no |", // 3 × (1/10 + 9/90)
+		"| sglang_load | 1 | 1.00 (1.00..1.00) | 1.00 (1.00..1.00) | 1.00 / 1.00 / 1.00 | 0.20 | - |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("replicas report lacks %q", want)
