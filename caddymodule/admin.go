@@ -180,6 +180,10 @@ type scoreView struct {
 	// DecodeAloneTokensPerSec is the decode speed of a request alone that the worker's recent reports
 	// support; absent until a report caught it decoding.
 	DecodeAloneTokensPerSec *float64 `json:"decode_alone_tokens_per_sec,omitempty"`
+	// Senders is how much more work the worker received than this Caddy sent it lately (the prefill
+	// counters' tokens over its own): about the number of replicas sharing the traffic. Absent until
+	// two reports with the counters.
+	Senders *float64 `json:"senders,omitempty"`
 }
 
 // referenceRequest is the request the admin view prices: 512 prompt tokens, 256 output tokens.
@@ -264,6 +268,9 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 			}
 			if speed := fresh.DecodeAloneTokensPerSec(); speed > 0 {
 				v.Score.DecodeAloneTokensPerSec = &speed
+			}
+			if f := fresh.Senders(); f > 0 {
+				v.Score.Senders = &f
 			}
 		}
 	}

@@ -57,6 +57,7 @@ type worker struct {
 		Signals     map[string]float64 `json:"signals"`
 		CostSeconds *float64           `json:"cost_seconds"`
 		DecodeAlone *float64           `json:"decode_alone_tokens_per_sec"`
+		Senders     *float64           `json:"senders"`
 	} `json:"score"`
 }
 
@@ -178,6 +179,9 @@ func TestAdminListsEveryWorker(t *testing.T) {
 		}
 		if v.Score != nil && (v.Score.CostSeconds == nil || !(*v.Score.CostSeconds > 0)) {
 			t.Errorf("%s: cost_seconds %v, want a price > 0", tc.w.name, ptr(v.Score.CostSeconds))
+		}
+		if v.Score != nil && v.Score.Senders != nil {
+			t.Errorf("%s: senders %v from a worker without prefill counters, want none", tc.w.name, *v.Score.Senders)
 		}
 		if v.Score != nil && (v.Score.DecodeAlone == nil || !near(*v.Score.DecodeAlone, tc.decodeAlone)) {
 			t.Errorf("%s: decode_alone_tokens_per_sec %v, want %v", tc.w.name, ptr(v.Score.DecodeAlone), tc.decodeAlone)

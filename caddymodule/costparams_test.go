@@ -155,3 +155,20 @@ func TestCostParamsDelayToOthers(t *testing.T) {
 		})
 	}
 }
+
+// Other senders are counted without affinity only: with it, the uncached tokens sent are the index's
+// estimates.
+func TestCostParamsOtherSenders(t *testing.T) {
+	for _, tt := range []struct {
+		affinity string
+		want     bool
+	}{{"", true}, {affinityPrefix, false}} {
+		p := &Policy{Affinity: tt.affinity}
+		if err := p.parseOptions(); err != nil {
+			t.Fatal(err)
+		}
+		if got := p.costParams().OtherSenders; got != tt.want {
+			t.Errorf("affinity %q: other senders %v, want %v", tt.affinity, got, tt.want)
+		}
+	}
+}

@@ -307,6 +307,10 @@ func (p *Policy) parseOptions() error {
 		DecodeBatchHalving:  cmp.Or(p.DecodeBatchHalving, d.DecodeBatchHalving),
 		MeanOutputTokens:    float64(p.defaultMaxTokens()),
 		DelayToOthers:       p.delayToOthers(),
+		// With affinity the uncached tokens sent are estimates from the index; the worker prefilling
+		// more reads as other senders and made affinity yield: hit rate 0.93 of the ideal against 0.99
+		// (results/2026-12-05/affinity-senders.md).
+		OtherSenders: p.Affinity == "",
 	}
 	p.meanOut.Store(float64(p.defaultMaxTokens()))
 	return p.parseAffinity()

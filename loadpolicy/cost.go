@@ -40,6 +40,10 @@ type CostParams struct {
 	// counts in its price: each of its tokens slows every other one in the batch. 0 prices the request
 	// alone, so each goes where it finishes first; 1 prices the fleet's total time.
 	DelayToOthers float64
+	// OtherSenders counts what the proxy sent since a report Report.Senders times over. Off where the
+	// proxy's cached-token estimates (affinity) make its uncached tokens sent an undercount that the
+	// factor would read as other senders.
+	OtherSenders bool
 	// ResidualPromptTokens is, of the uncached prompts of recent requests, the mean E[P²] / 2E[P]: the
 	// prompt a new one finds being prefilled, on average, when the prefill is busy. Long prompts weigh
 	// in it as they do in a queue: 20% of 2,000-token prompts among 200-token ones make it 743.
@@ -78,6 +82,14 @@ func (t *SentTotals) Since(o *SentTotals, elapsed time.Duration, extra int64) Si
 	return s
 }
 
+// scaled is s with what the proxy sent and the change of its in-flight count multiplied by f: what
+// the worker received from every sender, when this proxy's requests are 1/f of it.
+func (s *Since) scaled(f float64) Since {
+	m := func(v int64) int64 { return int64(math.Round(float64(v) * f)) }
+	return Since{Elapsed: s.Elapsed, Extra: m(s.Extra), Sent: m(s.Sent), SentPrompt: m(s.SentPrompt),
+		SentOutput: m(s.SentOutput), SentWeighted: m(s.SentWeighted), SentUncached: m(s.SentUncached)}
+}
+
 // Add counts one more request sent, cached of whose prompt tokens were cached where it went.
 func (t *SentTotals) Add(req Request, cached int64) {
 	t.Requests++
@@ -112,8 +124,15 @@ type workload struct {
 	// prefillBusy is the fraction of the time between the last two reports that the worker's prefill
 	// was busy, from its counters; 0 when not measured.
 	prefillBusy float64
-	has         bool // the report carries the counts the model needs
-	sampled     bool // the report carried a decode reading
+	// receivedSum and sentSum sum, over recent reports (each weighed by half for every decodeMemory
+	// since), the uncached prompt tokens the worker prefilled between two reports and those this proxy
+	// sent it in the same time. Their ratio, senders, is how much more the worker receives than this
+	// proxy sends: other proxies' requests, and a prompt's tokens as the worker counts them against
+	// this proxy's estimate. At least 1 (a prefix cache makes the worker prefill less than was sent).
+	receivedSum, sentSum float64
+	senders              float64
+	has                  bool // the report carries the counts the model needs
+	sampled              bool // the report carried a decode reading
 }
 
 // addDecodeReading adds a report's throughput and running count to the sums, and reports whether the
@@ -223,6 +242,7 @@ func (r *Report) Follow(prev *Report) {
 		}
 		tokens, busyUS = tokens+dt, busyUS+db
 	}
+	r.work.followSenders(&prev.work, float64(tokens), r.Sent.Uncached-prev.Sent.Uncached, r.Received.Sub(prev.Received))
 	if elapsed := r.Received.Sub(prev.Received); elapsed > 0 {
 		r.work.prefillBusy = min(float64(busyUS)/1e6/elapsed.Seconds()/float64(len(r.Ranks)), 1)
 	}
@@ -233,6 +253,28 @@ func (r *Report) Follow(prev *Report) {
 	r.work.prefill = float64(tokens) / (float64(busyUS) / 1e6) * float64(len(r.Ranks))
 	r.work.prefillOK = true
 }
+
+// followSenders adds the tokens the worker prefilled and those this proxy sent it (uncached) between
+// the report before (prev) and this one, gap apart, to prev's sums.
+func (w *workload) followSenders(prev *workload, received float64, sent int64, gap time.Duration) {
+	kept := math.Exp2(-max(gap, 0).Seconds() / decodeMemory.Seconds())
+	w.receivedSum, w.sentSum, w.senders = prev.receivedSum*kept, prev.sentSum*kept, prev.senders
+	if sent < 0 { // the totals began again (another config's)
+		return
+	}
+	w.receivedSum += received
+	w.sentSum += float64(sent)
+	if w.sentSum > 0 {
+		w.senders = min(max(w.receivedSum/w.sentSum, 1), maxSenders)
+	}
+}
+
+// maxSenders bounds the factor by which the model counts the requests sent since a report.
+const maxSenders = 64
+
+// Senders is how much more work the worker received than this proxy sent it, lately (at least 1; 0
+// when not measured): the model counts the requests sent since a report that many times.
+func (r *Report) Senders() float64 { return r.work.senders }
 
 // DecodeAloneTokensPerSec is the decode speed of a request alone on the worker that its recent reports
 // support, 0 when none measured one.
@@ -251,6 +293,10 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 	w := &r.work
 	if !w.has {
 		return math.Inf(1)
+	}
+	if p.OtherSenders && w.senders > 1 {
+		scaled := since.scaled(w.senders)
+		since = &scaled
 	}
 	meanOut := atLeast(p.MeanOutputTokens, 1)
 	prompt := float64(max(req.PromptTokens, 0))

@@ -405,3 +405,58 @@ func BenchmarkCost(b *testing.B) {
 	}
 	_ = sink
 }
+
+// A worker that prefilled three times the tokens this proxy sent it between two reports has other
+// senders: the requests sent since a report count three times, and the price is the price of those
+// three times over. Fewer tokens than sent (a prefix cache's hits) count as this proxy alone.
+func TestSendersScaleWhatWasSentSince(t *testing.T) {
+	counters := func(at, tokens, sent int64) *Report {
+		rep := NewReport(time.Unix(at, 0), "", []Rank{{Running: 4, Waiting: 1, PrefillUncachedTokens: tokens, PrefillBusyUS: tokens * 100,
+			Fields: FieldRunning | FieldWaiting | FieldPrefillCounters}})
+		rep.Sent = SentTotals{Requests: sent / 100, PromptTokens: sent, Uncached: sent}
+		return rep
+	}
+	prev := counters(0, 0, 0)
+	rep := counters(10, 3000, 1000)
+	rep.Follow(prev)
+	if got := rep.Senders(); math.Abs(got-3) > 1e-12 {
+		t.Fatalf("senders %v, want 3", got)
+	}
+	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 32, MeanOutputTokens: 100, OtherSenders: true}
+	since := Since{Elapsed: 2 * time.Second, Extra: 2, Sent: 3, SentPrompt: 600, SentOutput: 150, SentWeighted: 40000, SentUncached: 600}
+	tripled := Since{Elapsed: 2 * time.Second, Extra: 6, Sent: 9, SentPrompt: 1800, SentOutput: 450, SentWeighted: 120000, SentUncached: 1800}
+	alone := *rep
+	alone.work.senders = 0
+	req := Request{PromptTokens: 500, OutputTokens: 200}
+	if got, want := rep.Cost(req, 0, &since, &params), alone.Cost(req, 0, &tripled, &params); math.Abs(got-want) > 1e-12 {
+		t.Errorf("price with 3 senders %v s, want %v (the sends since tripled)", got, want)
+	}
+	if rep.Cost(req, 0, &since, &params) <= alone.Cost(req, 0, &since, &params) {
+		t.Error("other senders did not raise the price")
+	}
+	off := params
+	off.OtherSenders = false
+	if got, want := rep.Cost(req, 0, &since, &off), alone.Cost(req, 0, &since, &off); got != want {
+		t.Errorf("with OtherSenders off: %v s, want %v, as if this proxy sent alone", got, want)
+	}
+
+	// The next window: 2,000 received for 2,000 sent. Ratio of sums, the first window aged by 10 s.
+	next := counters(20, 5000, 3000)
+	next.Follow(rep)
+	k := math.Exp2(-10.0 / 60)
+	if got, want := next.Senders(), (3000*k+2000)/(1000*k+2000); math.Abs(got-want) > 1e-12 {
+		t.Errorf("senders after two windows %v, want %v", got, want)
+	}
+	// A prefix cache: the worker prefilled less than was sent.
+	cached := counters(10, 500, 1000)
+	cached.Follow(prev)
+	if got := cached.Senders(); got != 1 {
+		t.Errorf("senders with cache hits %v, want 1", got)
+	}
+	// Totals that began again (another config's) add nothing; the factor stays.
+	restarted := counters(30, 6000, 10)
+	restarted.Follow(next)
+	if got, want := restarted.Senders(), next.Senders(); got != want {
+		t.Errorf("senders after the totals began again %v, want %v kept", got, want)
+	}
+}

@@ -1,0 +1,74 @@
+package caddymodule_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/caddy-sglang/caddy-sglang/sglangsim"
+)
+
+// A worker that receives as much from another sender as from this Caddy: its prefill counters grow
+// twice as fast as what Caddy sent it, and the admin view's senders reads about 2.
+func TestSendersCountAnotherSender(t *testing.T) {
+	sim := sglangsim.New(sglangsim.Config{Name: "w", MaxTotalTokens: 100000, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1e5})
+	hs := httptest.NewServer(sim.Handler())
+	t.Cleanup(func() {
+		sim.Close()
+		hs.Close()
+	})
+	addr := strings.TrimPrefix(hs.URL, "http://")
+	tester := caddytest.NewTester(t)
+	tester.InitServer(fmt.Sprintf(`{
+	admin localhost:2999
+	http_port 9080
+	skip_install_trust
+	sglang_load {
+		interval 100ms
+	}
+}
+http://127.0.0.1:9080 {
+	reverse_proxy %s {
+		lb_policy sglang_load {
+			metric cost
+		}
+	}
+}
+`, addr), "caddyfile")
+	// waitSenders waits until the admin view's senders lies within [lo, hi].
+	waitSenders := func(lo, hi float64) {
+		t.Helper()
+		eventually(t, 15*time.Second, func() bool {
+			v, ok := workers(t)[addr]
+			return ok && v.Score != nil && v.Score.Senders != nil && *v.Score.Senders >= lo && *v.Score.Senders <= hi
+		}, "senders within [%v, %v]", lo, hi)
+	}
+	// Each prompt's text is its own, so the worker's prefix cache prefills all 300 tokens of each.
+	send := func(base string, i int) {
+		body := fmt.Sprintf(`{"text":"%d: a prompt of its own","prompt_tokens":300,"sampling_params":{"max_new_tokens":2}}`, i)
+		resp, err := http.Post(base+"/generate", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("POST %s/generate: %s", base, resp.Status)
+		}
+	}
+	for i := range 150 {
+		send("http://127.0.0.1:9080", i)
+	}
+	waitSenders(0.95, 1.05)
+	for i := range 300 {
+		send("http://127.0.0.1:9080", 1000+2*i)
+		send(hs.URL, 1001+2*i)
+	}
+	// Twice the tokens Caddy sent, now; the sums remember the first 150 requests (their weight halves
+	// in a minute), so at least (150 + 2×300) / (150 + 300) = 1.67, at most 2.
+	waitSenders(1.6, 2.05)
+}
