@@ -22,6 +22,11 @@ func caddyfile(global, policy string, workers ...*testWorker) string {
 	for i, w := range workers {
 		addrs[i] = w.addr()
 	}
+	return caddyfileFor(global, policy, addrs...)
+}
+
+// caddyfileFor is caddyfile for upstreams given by address.
+func caddyfileFor(global, policy string, addrs ...string) string {
 	return fmt.Sprintf(`{
 	admin localhost:2999
 	http_port 9080

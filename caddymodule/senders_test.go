@@ -24,22 +24,7 @@ func TestSendersCountAnotherSender(t *testing.T) {
 	})
 	addr := strings.TrimPrefix(hs.URL, "http://")
 	tester := caddytest.NewTester(t)
-	tester.InitServer(fmt.Sprintf(`{
-	admin localhost:2999
-	http_port 9080
-	skip_install_trust
-	sglang_load {
-		interval 100ms
-	}
-}
-http://127.0.0.1:9080 {
-	reverse_proxy %s {
-		lb_policy sglang_load {
-			metric cost
-		}
-	}
-}
-`, addr), "caddyfile")
+	tester.InitServer(caddyfileFor("interval 100ms", "metric cost", addr), "caddyfile")
 	// waitSenders waits until the admin view's senders lies within [lo, hi].
 	waitSenders := func(lo, hi float64) {
 		t.Helper()
