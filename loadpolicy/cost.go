@@ -217,11 +217,12 @@ func (r *Report) Follow(prev *Report) {
 		return
 	}
 	r.work.readings = min(r.work.readings+prev.work.readings, trustedReadings)
+	gap := r.Received.Sub(prev.Received)
 	// Only a reading ages the earlier ones. A worker idle between readings has the speed it had: sums
 	// aged while it stood idle would let its next reading, however far off, decide its speed alone.
 	kept := 1.0
-	if gap := r.Received.Sub(prev.Received); gap > 0 && r.work.sampled {
-		kept = math.Exp2(-gap.Seconds() / decodeMemory.Seconds())
+	if r.work.sampled {
+		kept = keptAfter(gap)
 	}
 	r.work.genSum += prev.work.genSum * kept
 	r.work.batchSum += prev.work.batchSum * kept
@@ -242,9 +243,9 @@ func (r *Report) Follow(prev *Report) {
 		}
 		tokens, busyUS = tokens+dt, busyUS+db
 	}
-	r.work.followSenders(&prev.work, float64(tokens), r.Sent.Uncached-prev.Sent.Uncached, r.Received.Sub(prev.Received))
-	if elapsed := r.Received.Sub(prev.Received); elapsed > 0 {
-		r.work.prefillBusy = min(float64(busyUS)/1e6/elapsed.Seconds()/float64(len(r.Ranks)), 1)
+	r.work.followSenders(&prev.work, float64(tokens), r.Sent.Uncached-prev.Sent.Uncached, gap)
+	if gap > 0 {
+		r.work.prefillBusy = min(float64(busyUS)/1e6/gap.Seconds()/float64(len(r.Ranks)), 1)
 	}
 	if time.Duration(busyUS)*time.Microsecond < minPrefillBusy {
 		return
@@ -254,10 +255,19 @@ func (r *Report) Follow(prev *Report) {
 	r.work.prefillOK = true
 }
 
+// keptAfter is the weight a sum keeps after gap: half for every decodeMemory, all of it for no time
+// (or a clock that stepped back).
+func keptAfter(gap time.Duration) float64 {
+	if gap <= 0 {
+		return 1
+	}
+	return math.Exp2(-gap.Seconds() / decodeMemory.Seconds())
+}
+
 // followSenders adds the tokens the worker prefilled and those this proxy sent it (uncached) between
 // the report before (prev) and this one, gap apart, to prev's sums.
 func (w *workload) followSenders(prev *workload, received float64, sent int64, gap time.Duration) {
-	kept := math.Exp2(-max(gap, 0).Seconds() / decodeMemory.Seconds())
+	kept := keptAfter(gap)
 	w.receivedSum, w.sentSum, w.senders = prev.receivedSum*kept, prev.sentSum*kept, prev.senders
 	if sent < 0 { // the totals began again (another config's)
 		return
