@@ -60,12 +60,8 @@ func runReplicas(ctx context.Context, o qualityOptions, stdout, stderr io.Writer
 // median), from instances Caddys polling every interval: each makes its first monitor.WarmUpPolls
 // polls within about one interval, WarmUpPolls - 1 more than the interval gives.
 func expectedPollRate(instances int, interval time.Duration, rs []armResult) float64 {
-	seconds := make([]float64, len(rs))
-	for i, r := range rs {
-		seconds[i] = r.seconds
-	}
 	rate := 1 / interval.Seconds()
-	if run := spreadOf(seconds).med; run > 0 {
+	if run := spreadOf(values(rs, mSeconds)).med; run > 0 {
 		rate += float64(monitor.WarmUpPolls-1) / run
 	}
 	return float64(instances) * rate
