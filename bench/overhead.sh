@@ -1,6 +1,6 @@
 #!/bin/sh
-# Proxy overhead by CPU: Caddy's CPU time per proxied request with lb_policy sglang_load against
-# least_conn, at a fixed request rate well below saturation, in alternating rounds (sglang-bench
+# Proxy overhead by CPU: Caddy's CPU time per proxied request with lb_policy sglang_load (the default,
+# and metric cost) against least_conn, at a fixed request rate well below saturation, in rounds (sglang-bench
 # -mode overhead). Extra flags go to it, e.g. sh bench/overhead.sh -overhead-rounds 9.
 set -eu
 cd "$(dirname "$0")/.."

@@ -21,16 +21,25 @@ type overheadOptions struct {
 	chunk      int // requests per run; a round alternates runs until requests per policy are sent
 }
 
-// overheadPolicies are the configurations compared: sglang_load and Caddy's least_conn.
+// overheadPolicies are the configurations compared, the baseline (Caddy's least_conn) first: the
+// default sglang_load, and its cost metric, which reads each request's body and prices every worker.
 var overheadPolicies = []struct{ name, global, lb string }{
-	{"sglang_load", "\tsglang_load {\n\t\tinterval 1s\n\t}\n", "lb_policy sglang_load"},
 	{"least_conn", "", "lb_policy least_conn"},
+	{"sglang_load", "\tsglang_load {\n\t\tinterval 1s\n\t}\n", "lb_policy sglang_load"},
+	{"sglang_load metric cost", "\tsglang_load {\n\t\tinterval 1s\n\t}\n", "lb_policy sglang_load {\n\t\t\tmetric cost\n\t\t}"},
 }
+
+// overheadBody is the request each policy proxies: a small chat, which the cost metric reads.
+const overheadBody = `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8}`
+
+// overheadGoal is the most CPU per proxied request the default sglang_load may take, as a ratio to
+// least_conn's.
+const overheadGoal = 1.03
 
 // runOverhead measures Caddy's CPU time per proxied request with each policy: a fixed count of
 // requests sent at a fixed rate, well below what the machine can serve, so that the client and Caddy
-// do not fight for the cores and the CPU time, not the throughput, carries the difference. Both
-// Caddys run for the whole benchmark; rounds alternate which goes first.
+// do not fight for the cores and the CPU time, not the throughput, carries the difference. Every
+// Caddy runs for the whole benchmark; rounds rotate which goes first.
 func runOverhead(ctx context.Context, o overheadOptions, stdout, stderr io.Writer) error {
 	addrs, stop, err := startLoadServers(ctx, "backends", o.backends, stderr)
 	if err != nil {
@@ -49,8 +58,12 @@ func runOverhead(ctx context.Context, o overheadOptions, stdout, stderr io.Write
 		defer proc.Stop()
 		procs[i] = proc
 	}
-	if err := procs[0].waitFresh(ctx, len(addrs), 20*time.Second); err != nil {
-		return err
+	for i, p := range overheadPolicies {
+		if p.global != "" {
+			if err := procs[i].waitFresh(ctx, len(addrs), 20*time.Second); err != nil {
+				return err
+			}
+		}
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.conns, MaxConnsPerHost: o.conns}}
 	defer client.CloseIdleConnections()
@@ -60,15 +73,17 @@ func runOverhead(ctx context.Context, o overheadOptions, stdout, stderr io.Write
 			return fmt.Errorf("%s warm-up: %w", overheadPolicies[i].name, err)
 		}
 	}
-	perReq := make([][]float64, len(procs))
+	n := len(procs)
+	perReq := make([][]float64, n) // by policy, then round
+	ratios := make([][]float64, n) // to the baseline, by policy, then round
 	var rows strings.Builder
 	chunks := max(o.requests/o.chunk, 1)
 	for round := range o.rounds {
-		// A round is chunks short runs per policy, alternating, so that a change in the machine's load
-		// during the round falls on both alike.
-		var cpu [2]time.Duration
-		for c := range 2 * chunks {
-			k := (c + round) % 2
+		// A round is chunks short runs per policy, in turn, so that a change in the machine's load
+		// during the round falls on every policy alike.
+		cpu := make([]time.Duration, n)
+		for c := range n * chunks {
+			k := (c + round) % n
 			cpu0, err := procCPU(procs[k].pid())
 			if err != nil {
 				return err
@@ -86,33 +101,51 @@ func runOverhead(ctx context.Context, o overheadOptions, stdout, stderr io.Write
 			}
 			cpu[k] += cpu1 - cpu0
 		}
+		row := fmt.Sprintf("| %d |", round+1)
 		for k := range procs {
 			perReq[k] = append(perReq[k], float64(cpu[k].Microseconds())/float64(chunks*o.chunk))
+			ratios[k] = append(ratios[k], perReq[k][round]/perReq[0][round])
+			row += fmt.Sprintf(" %.1f |", perReq[k][round])
 		}
-		s, l := perReq[0][round], perReq[1][round]
-		fmt.Fprintf(stderr, "overhead round %d: sglang_load %.1f, least_conn %.1f µs CPU per request\n", round+1, s, l)
-		fmt.Fprintf(&rows, "| %d | %.1f | %.1f | %.3f |\n", round+1, s, l, s/l)
+		for k := 1; k < n; k++ {
+			row += fmt.Sprintf(" %.3f |", ratios[k][round])
+		}
+		fmt.Fprintf(stderr, "overhead round %d (µs per request, then ratios): %s\n", round+1, row)
+		rows.WriteString(row + "\n")
 	}
-	ratios := make([]float64, o.rounds)
-	for i := range ratios {
-		ratios[i] = perReq[0][i] / perReq[1][i]
-	}
-	rs, ss, ls := spreadOf(ratios), spreadOf(perReq[0]), spreadOf(perReq[1])
 	var b strings.Builder
 	fmt.Fprintf(&b, "### Proxy overhead by CPU, %s\n\nMachine: %s.\n\n", time.Now().Format("2006-01-02"), machine())
-	fmt.Fprintf(&b, "Two Caddy processes (%s), one with `lb_policy sglang_load` (loads polled every 1s), one with `lb_policy least_conn`, "+
+	names := make([]string, n)
+	for k, p := range overheadPolicies {
+		names[k] = "`" + p.name + "`"
+	}
+	fmt.Fprintf(&b, "Caddy processes (%s) with %s (sglang_load polling loads every 1s), "+
 		"in front of the same %d loopback backends (another process; small JSON answers). Per round and policy: %d POSTs to /v1/chat/completions "+
-		"sent at %.0f req/s over at most %d connections by this process, in runs of %d alternating between the two policies; "+
+		"(a %d-byte chat body) sent at %.0f req/s over at most %d connections by this process, in runs of %d taking turns between the policies; "+
 		"each Caddy's user+system CPU time from /proc/<pid>/stat (10ms ticks) over its runs, divided by its requests. %d rounds.\n\n",
-		o.caddy, o.backends, chunks*o.chunk, o.rate, o.conns, o.chunk, o.rounds)
-	b.WriteString("| round | sglang_load µs/request | least_conn µs/request | ratio |\n|---:|---:|---:|---:|\n")
+		o.caddy, strings.Join(names, ", "), o.backends, chunks*o.chunk, len(overheadBody), o.rate, o.conns, o.chunk, o.rounds)
+	b.WriteString("| round |")
+	for _, name := range names {
+		b.WriteString(" " + name + " µs/request |")
+	}
+	for _, name := range names[1:] {
+		b.WriteString(" " + name + " ÷ " + names[0] + " |")
+	}
+	b.WriteString("\n|---:|" + strings.Repeat("---:|", 2*n-1) + "\n")
 	b.WriteString(rows.String())
-	fmt.Fprintf(&b, "\nmedian (min..max): sglang_load %s µs, least_conn %s µs, ratio %s.\n\n",
-		ss.format(1), ls.format(1), rs.format(3))
-	width := rs.hi - rs.lo
-	fmt.Fprintf(&b, "Median ratio **%.3f** (goal ≤ 1.03: %s). The per-round ratios span %.1f%% (max − min); ",
-		rs.med, map[bool]string{true: "met", false: "missed"}[rs.med <= 1.03], 100*width)
-	if width < 0.03 {
+	b.WriteString("\n| policy | µs/request, median (min..max) | ÷ `least_conn`, median (min..max) |\n|---|---:|---:|\n")
+	for k := range procs {
+		ratio := "1"
+		if k > 0 {
+			ratio = spreadOf(ratios[k]).format(3)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", names[k], spreadOf(perReq[k]).format(1), ratio)
+	}
+	def := spreadOf(ratios[1])
+	width := def.hi - def.lo
+	fmt.Fprintf(&b, "\nDefault `sglang_load`: median ratio **%.3f** (goal ≤ %.2f: %s). Its per-round ratios span %.1f%% (max − min); ",
+		def.med, overheadGoal, map[bool]string{true: "met", false: "missed"}[def.med <= overheadGoal], 100*width)
+	if width < overheadGoal-1 {
 		b.WriteString("narrower than 3%, so a 3% difference shows.\n")
 	} else {
 		b.WriteString("wider than 3%, so single rounds cannot tell 3% apart; the median of the rounds is the figure.\n")
@@ -125,7 +158,6 @@ func runOverhead(ctx context.Context, o overheadOptions, stdout, stderr io.Write
 // requests in flight, and returns the time taken and how many failed. A request whose slot comes while
 // all conns are busy waits for one, so the rate holds only while the server keeps up.
 func sendAtRate(ctx context.Context, client *http.Client, url string, n int, rate float64, conns int) (time.Duration, int, error) {
-	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8}`
 	slots := make(chan struct{}, conns)
 	var failed atomic.Int64
 	var wg sync.WaitGroup
@@ -143,7 +175,7 @@ func sendAtRate(ctx context.Context, client *http.Client, url string, n int, rat
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			resp, err := client.Post(url, "application/json", strings.NewReader(body))
+			resp, err := client.Post(url, "application/json", strings.NewReader(overheadBody))
 			if err != nil {
 				failed.Add(1)
 				return
