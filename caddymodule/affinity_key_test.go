@@ -33,3 +33,44 @@ func TestPrefixKeyOfAConversationContinues(t *testing.T) {
 		}
 	}
 }
+
+// With affinity header, the key is the session header's value alone, whatever the body; without the
+// header there is no key. The cost metric alone reads the body's size and keys nothing.
+func TestHeaderKeyAndCostMetricKeyNothingFromTheBody(t *testing.T) {
+	system := strings.Repeat("Answer briefly and cite your sources. ", 20)
+	body := `{"messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"hi"}],"max_tokens":33}`
+	read := func(p *Policy, session string) *requestState {
+		t.Helper()
+		r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(body))
+		if session != "" {
+			r.Header.Set("X-Session-ID", session)
+		}
+		st := p.readRequest(r)
+		if st == nil {
+			t.Fatal("no request state")
+		}
+		if st.size.OutputTokens != 33 {
+			t.Errorf("output tokens %d, want max_tokens 33", st.size.OutputTokens)
+		}
+		return st
+	}
+
+	header := &Policy{Affinity: affinityHeader, AffinityHeader: "X-Session-ID", affinityIndex: affinity.NewIndex(0)}
+	want := affinity.HeaderKey("s-1", nil)
+	for range 2 {
+		st := read(header, "s-1")
+		if len(st.key.Blocks) != 1 || st.key.Blocks[0] != want[0] || !st.key.Session || !st.key.Continues {
+			t.Errorf("session key %+v, want the header's one block %x, a session that continues", st.key, want[0])
+		}
+	}
+	if other := read(header, "s-2"); len(other.key.Blocks) != 1 || other.key.Blocks[0] == want[0] {
+		t.Errorf("another session's key %x, want one block other than %x", other.key.Blocks, want[0])
+	}
+	if none := read(header, ""); len(none.key.Blocks) != 0 {
+		t.Errorf("no header: key %x, want none", none.key.Blocks)
+	}
+
+	if st := read(&Policy{Metric: "cost"}, ""); len(st.key.Blocks) != 0 || len(st.body.Blocks) != 0 {
+		t.Errorf("cost metric: key %x, body blocks %x; want none", st.key.Blocks, st.body.Blocks)
+	}
+}

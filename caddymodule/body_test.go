@@ -213,7 +213,10 @@ http://localhost:9080 {
 
 // TestAffinityPrefix: requests that share a long system prompt go to one worker while the workers are
 // equally loaded; requests with prompts of their own spread; the decisions are counted.
-func TestAffinityPrefix(t *testing.T) {
+// affinityCaddy starts Caddy in front of three equally loaded workers with `affinity <option>`, and
+// waits until it has polled them all.
+func affinityCaddy(t *testing.T, option string) []*hashingWorker {
+	t.Helper()
 	ws := []*hashingWorker{newHashingWorker(t, 2, 1000), newHashingWorker(t, 2, 1000), newHashingWorker(t, 2, 1000)}
 	tester := caddytest.NewTester(t)
 	tester.InitServer(fmt.Sprintf(`{
@@ -228,33 +231,45 @@ func TestAffinityPrefix(t *testing.T) {
 http://localhost:9080 {
 	reverse_proxy %s %s %s {
 		lb_policy sglang_load {
-			affinity prefix
+			affinity %s
 		}
 	}
-}`, ws[0].addr(), ws[1].addr(), ws[2].addr()), "caddyfile")
+}`, ws[0].addr(), ws[1].addr(), ws[2].addr(), option), "caddyfile")
 	waitWorkers(t, 10*time.Second, "all polled", polledOK, &testWorker{srv: ws[0].srv}, &testWorker{srv: ws[1].srv}, &testWorker{srv: ws[2].srv})
+	return ws
+}
+
+// sentTo is how many requests each worker received while send ran.
+func sentTo(ws []*hashingWorker, send func()) []int64 {
+	start := make([]int64, len(ws))
+	for i, w := range ws {
+		start[i] = w.requests.Load()
+	}
+	send()
+	got := make([]int64, len(ws))
+	for i, w := range ws {
+		got[i] = w.requests.Load() - start[i]
+	}
+	return got
+}
+
+func TestAffinityPrefix(t *testing.T) {
+	ws := affinityCaddy(t, "prefix")
 	page := scrape(t)
 	followedBefore := metricValue(t, page, "caddy_sglang_load_affinity_decisions_total", "outcome", "followed")
 	newBefore := metricValue(t, page, "caddy_sglang_load_affinity_decisions_total", "outcome", "new")
 
 	send := func(system string, n int) []int64 {
-		start := make([]int64, len(ws))
-		for i, w := range ws {
-			start[i] = w.requests.Load()
-		}
-		for i := range n {
-			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}],"max_tokens":16}`, system, i)
-			resp, err := http.Post("http://localhost:9080/v1/chat/completions", "application/json", strings.NewReader(body))
-			if err != nil {
-				t.Fatal(err)
+		return sentTo(ws, func() {
+			for i := range n {
+				body := fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}],"max_tokens":16}`, system, i)
+				resp, err := http.Post("http://localhost:9080/v1/chat/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
 			}
-			resp.Body.Close()
-		}
-		got := make([]int64, len(ws))
-		for i, w := range ws {
-			got[i] = w.requests.Load() - start[i]
-		}
-		return got
+		})
 	}
 	shared := strings.Repeat("You are a helpful assistant who answers in French. ", 60) // ~3 KiB: 12 blocks
 	got := send(shared, 30)
@@ -293,5 +308,53 @@ http://localhost:9080 {
 	resp.Body.Close()
 	if got := metricValue(t, scrape(t), "caddy_sglang_load_affinity_decisions_total", "outcome", "new") - newBefore; got != 1 {
 		t.Errorf("new decisions grew by %v after a user's prompt, want 1", got)
+	}
+}
+
+// With affinity header, a session's requests follow it to one worker whatever their prompts, and
+// sessions spread over the workers; a request without the header is routed on load alone.
+func TestAffinityHeader(t *testing.T) {
+	ws := affinityCaddy(t, "header X-Session-ID")
+	send := func(session string, n int) []int64 {
+		return sentTo(ws, func() {
+			for i := range n {
+				body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"turn %d of %s"}],"max_tokens":16}`, i, session)
+				req, err := http.NewRequest("POST", "http://localhost:9080/v1/chat/completions", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if session != "" {
+					req.Header.Set("X-Session-ID", session)
+				}
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("status %d", resp.StatusCode)
+				}
+			}
+		})
+	}
+	noKeyBefore := metricValue(t, scrape(t), "caddy_sglang_load_affinity_decisions_total", "outcome", "no_key")
+
+	if got := send("session-a", 20); max(got[0], got[1], got[2]) != 20 {
+		t.Errorf("one session's requests went to %v, want all 20 on one worker", got)
+	}
+	spread := make([]int64, len(ws))
+	for i := range 30 {
+		for j, n := range send(fmt.Sprintf("session-%d", i), 1) {
+			spread[j] += n
+		}
+	}
+	for j, n := range spread {
+		if n == 0 {
+			t.Errorf("30 sessions went to %v: worker %d got none", spread, j)
+		}
+	}
+	send("", 5)
+	if got := metricValue(t, scrape(t), "caddy_sglang_load_affinity_decisions_total", "outcome", "no_key") - noKeyBefore; got != 5 {
+		t.Errorf("no-key decisions grew by %v after 5 requests without the header, want 5", got)
 	}
 }
