@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -275,7 +276,8 @@ func TestReadRequestReusesTheHeadSafely(t *testing.T) {
 			r = httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
 			got := Request{Blocks: make([]uint64, 0, MaxBlocks)}
 			ReadRequest(r, 64<<10, &got)
-			if fmt.Sprint(got) != fmt.Sprint(want) {
+			parsed := got
+			if parsed.whole = (bytes.Reader{}); fmt.Sprint(parsed) != fmt.Sprint(want) {
 				t.Fatalf("ReadRequest %+v, ReadHead and Parse %+v", got, want)
 			}
 			if sent, err := io.ReadAll(r.Body); err != nil || string(sent) != body {
@@ -283,6 +285,48 @@ func TestReadRequestReusesTheHeadSafely(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A body of a known length up to maxWholeBody is read whole and handed on as an in-memory reader,
+// which Go's transport writes with the headers; a body that does not end where its length says, or
+// fails, is put back as it came, and a longer one keeps the pooled head.
+func TestReadRequestHandsSmallBodiesOnWhole(t *testing.T) {
+	inMemory := reflect.TypeOf(io.NopCloser(bytes.NewReader(nil))) // what the transport knows as in memory
+	body := []byte(chatBody(1000, false))
+	for _, c := range []struct {
+		name   string
+		sent   []byte
+		fail   error // after sent, else the end
+		length int64
+		whole  bool
+	}{
+		{"whole", body, nil, int64(len(body)), true},
+		{"longer than its length", append(bytes.Clone(body), "tail"...), nil, int64(len(body)), false},
+		{"shorter than its length", body, nil, int64(len(body)) + 10, false},
+		{"failing", body[:300], io.ErrClosedPipe, int64(len(body)), false},
+		{"unknown length", body, nil, -1, false},
+		{"over the bound", []byte(chatBody(maxWholeBody+1, false)), nil, maxWholeBody + 1, false},
+	} {
+		var sent io.Reader = bytes.NewReader(c.sent)
+		if c.fail != nil {
+			sent = io.MultiReader(sent, iotest.ErrReader(c.fail))
+		}
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		r.Body, r.ContentLength = io.NopCloser(sent), c.length
+		var req Request
+		ReadRequest(r, 64<<10, &req)
+		if got := reflect.TypeOf(r.Body) == inMemory; got != c.whole {
+			t.Errorf("%s: body handed on in memory %t, want %t", c.name, got, c.whole)
+		}
+		if c.fail == nil && req.MaxTokens != 256 {
+			t.Errorf("%s: max_tokens %d, want 256", c.name, req.MaxTokens)
+		}
+		r.Body.Close() // unread, as a transport that fails to dial leaves it: a retry still reads it all
+		got, err := io.ReadAll(r.Body)
+		if !bytes.Equal(got, c.sent) || err != c.fail {
+			t.Errorf("%s: body gave %d bytes (equal %t) and %v, want the %d sent and %v", c.name, len(got), bytes.Equal(got, c.sent), err, len(c.sent), c.fail)
+		}
+	}
 }
 
 func TestHeadClasses(t *testing.T) {

@@ -65,6 +65,10 @@ type Request struct {
 	// client's encoder spells one prompt one way every time, and hashing the bytes as they are costs
 	// nothing per character.
 	Blocks []uint64
+
+	// whole is the body that ReadRequest hands on in memory, read whole: here so that it costs no
+	// allocation of its own, it lives as long as the Request. Parse leaves it as it is.
+	whole bytes.Reader
 }
 
 // Parse reads the request fields from head, the first bytes of the body of a request to path;
@@ -72,7 +76,7 @@ type Request struct {
 // that is not JSON, or an unknown path, leaves dst zero but for the capacity of dst.Blocks.
 func Parse(path string, head []byte, complete bool, contentLength int64, dst *Request) {
 	blocks := dst.Blocks[:0]
-	*dst = Request{Blocks: blocks}
+	*dst = Request{Blocks: blocks, whole: dst.whole}
 	shape := ShapeOf(path)
 	if shape == ShapeNone {
 		return
