@@ -21,13 +21,21 @@ type overheadOptions struct {
 	chunk      int // requests per run; a round alternates runs until requests per policy are sent
 }
 
-// overheadPolicies are the configurations compared, the baseline (Caddy's least_conn) first: the
-// default sglang_load, and its cost metric, which reads each request's body and prices every worker.
+// overheadPolicies are the configurations compared, the baseline (Caddy's least_conn) first: least_conn
+// again, a control whose ratio to the first is what the harness itself makes of two equal Caddys; the
+// default sglang_load; and its cost metric, which reads each request's body and prices every worker.
 var overheadPolicies = []struct{ name, global, lb string }{
 	{"least_conn", "", "lb_policy least_conn"},
+	{"least_conn again", "", "lb_policy least_conn"},
 	{"sglang_load", "\tsglang_load {\n\t\tinterval 1s\n\t}\n", "lb_policy sglang_load"},
 	{"sglang_load metric cost", "\tsglang_load {\n\t\tinterval 1s\n\t}\n", "lb_policy sglang_load {\n\t\t\tmetric cost\n\t\t}"},
 }
+
+// Positions in overheadPolicies: the control and the default sglang_load.
+const (
+	overheadControl = 1
+	overheadDefault = 2
+)
 
 // overheadBody is the request each policy proxies: a small chat, which the cost metric reads.
 const overheadBody = `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8}`
@@ -38,71 +46,30 @@ const overheadGoal = 1.03
 
 // runOverhead measures Caddy's CPU time per proxied request with each policy: a fixed count of
 // requests sent at a fixed rate, well below what the machine can serve, so that the client and Caddy
-// do not fight for the cores and the CPU time, not the throughput, carries the difference. Every
-// Caddy runs for the whole benchmark; rounds rotate which goes first.
+// do not fight for the cores and the CPU time, not the throughput, carries the difference. Each round
+// starts its Caddys afresh, in an order rotated by one from the round before, and takes turns between
+// them: two equal Caddys started one after the other differed by 2% (the first dearer) when they
+// ran for the whole benchmark.
 func runOverhead(ctx context.Context, o overheadOptions, stdout, stderr io.Writer) error {
 	addrs, stop, err := startLoadServers(ctx, "backends", o.backends, stderr)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	procs := make([]*caddyProc, len(overheadPolicies))
-	for i, p := range overheadPolicies {
-		proc, err := startCaddy(ctx, o.caddy, func(admin string, port int) string {
-			return fmt.Sprintf("{\n\tadmin %s\n\tauto_https off\n\tpersist_config off\n%s}\nhttp://127.0.0.1:%d {\n\treverse_proxy %s {\n\t\t%s\n\t}\n}\n",
-				admin, p.global, port, strings.Join(addrs, " "), p.lb)
-		}, stderr)
-		if err != nil {
-			return err
-		}
-		defer proc.Stop()
-		procs[i] = proc
-	}
-	for i, p := range overheadPolicies {
-		if p.global != "" {
-			if err := procs[i].waitFresh(ctx, len(addrs), 20*time.Second); err != nil {
-				return err
-			}
-		}
-	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.conns, MaxConnsPerHost: o.conns}}
 	defer client.CloseIdleConnections()
-	// Warm-up: connections opened on both sides, code paths hot.
-	for i, p := range procs {
-		if _, _, err := sendAtRate(ctx, client, p.SiteURL+"/v1/chat/completions", o.requests/10, o.rate, o.conns); err != nil {
-			return fmt.Errorf("%s warm-up: %w", overheadPolicies[i].name, err)
-		}
-	}
-	n := len(procs)
+	n := len(overheadPolicies)
 	perReq := make([][]float64, n) // by policy, then round
 	ratios := make([][]float64, n) // to the baseline, by policy, then round
 	var rows strings.Builder
 	chunks := max(o.requests/o.chunk, 1)
 	for round := range o.rounds {
-		// A round is chunks short runs per policy, in turn, so that a change in the machine's load
-		// during the round falls on every policy alike.
-		cpu := make([]time.Duration, n)
-		for c := range n * chunks {
-			k := (c + round) % n
-			cpu0, err := procCPU(procs[k].pid())
-			if err != nil {
-				return err
-			}
-			_, failed, err := sendAtRate(ctx, client, procs[k].SiteURL+"/v1/chat/completions", o.chunk, o.rate, o.conns)
-			if err != nil {
-				return err
-			}
-			cpu1, err := procCPU(procs[k].pid())
-			if err != nil {
-				return err
-			}
-			if failed > 0 {
-				return fmt.Errorf("%s round %d: %d of %d requests failed", overheadPolicies[k].name, round+1, failed, o.chunk)
-			}
-			cpu[k] += cpu1 - cpu0
+		cpu, err := overheadRound(ctx, o, addrs, round, client, stderr)
+		if err != nil {
+			return err
 		}
 		row := fmt.Sprintf("| %d |", round+1)
-		for k := range procs {
+		for k := range n {
 			perReq[k] = append(perReq[k], float64(cpu[k].Microseconds())/float64(chunks*o.chunk))
 			ratios[k] = append(ratios[k], perReq[k][round]/perReq[0][round])
 			row += fmt.Sprintf(" %.1f |", perReq[k][round])
@@ -120,7 +87,7 @@ func runOverhead(ctx context.Context, o overheadOptions, stdout, stderr io.Write
 		names[k] = "`" + p.name + "`"
 	}
 	fmt.Fprintf(&b, "Caddy processes (%s) with %s (sglang_load polling loads every 1s), "+
-		"in front of the same %d loopback backends (another process; small JSON answers). Per round and policy: %d POSTs to /v1/chat/completions "+
+		"in front of the same %d loopback backends (another process; small JSON answers), started afresh each round in an order rotated by one. Per round and policy: %d POSTs to /v1/chat/completions "+
 		"(a %d-byte chat body) sent at %.0f req/s over at most %d connections by this process, in runs of %d taking turns between the policies; "+
 		"each Caddy's user+system CPU time from /proc/<pid>/stat (10ms ticks) over its runs, divided by its requests. %d rounds.\n\n",
 		o.caddy, strings.Join(names, ", "), o.backends, chunks*o.chunk, len(overheadBody), o.rate, o.conns, o.chunk, o.rounds)
@@ -134,24 +101,98 @@ func runOverhead(ctx context.Context, o overheadOptions, stdout, stderr io.Write
 	b.WriteString("\n|---:|" + strings.Repeat("---:|", 2*n-1) + "\n")
 	b.WriteString(rows.String())
 	b.WriteString("\n| policy | µs/request, median (min..max) | ÷ `least_conn`, median (min..max) |\n|---|---:|---:|\n")
-	for k := range procs {
+	for k := range n {
 		ratio := "1"
 		if k > 0 {
 			ratio = spreadOf(ratios[k]).format(3)
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", names[k], spreadOf(perReq[k]).format(1), ratio)
 	}
-	def := spreadOf(ratios[1])
-	width := def.hi - def.lo
-	fmt.Fprintf(&b, "\nDefault `sglang_load`: median ratio **%.3f** (goal ≤ %.2f: %s). Its per-round ratios span %.1f%% (max − min); ",
-		def.med, overheadGoal, map[bool]string{true: "met", false: "missed"}[def.med <= overheadGoal], 100*width)
-	if width < overheadGoal-1 {
-		b.WriteString("narrower than 3%, so a 3% difference shows.\n")
-	} else {
-		b.WriteString("wider than 3%, so single rounds cannot tell 3% apart; the median of the rounds is the figure.\n")
-	}
+	control, def := spreadOf(ratios[overheadControl]), spreadOf(ratios[overheadDefault])
+	fmt.Fprintf(&b, "\nThe control, two equal Caddys: %s. Default `sglang_load`: median ratio **%.3f** (goal ≤ %.2f: %s); "+
+		"its per-round ratios span %.1f%% (max − min).\n", control.format(3), def.med, overheadGoal,
+		map[bool]string{true: "met", false: "missed"}[def.med <= overheadGoal], 100*(def.hi-def.lo))
 	fmt.Fprint(stdout, b.String())
 	return writeResult(o.out, "overhead.md", b.String())
+}
+
+// overheadRound starts the round's Caddys and returns each one's CPU time over its runs. A round is
+// short runs per policy, in turn, so that a change in the machine's load during the round falls on
+// every policy alike.
+func overheadRound(ctx context.Context, o overheadOptions, addrs []string, round int, client *http.Client, stderr io.Writer) ([]time.Duration, error) {
+	procs, err := startOverheadCaddys(ctx, o, addrs, round, client, stderr)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		for _, p := range procs {
+			p.Stop()
+		}
+		client.CloseIdleConnections()
+	}()
+	n := len(procs)
+	cpu := make([]time.Duration, n)
+	for c := range n * max(o.requests/o.chunk, 1) {
+		k := (c + round) % n
+		cpu0, err := procCPU(procs[k].pid())
+		if err != nil {
+			return nil, err
+		}
+		_, failed, err := sendAtRate(ctx, client, procs[k].SiteURL+"/v1/chat/completions", o.chunk, o.rate, o.conns)
+		if err != nil {
+			return nil, err
+		}
+		cpu1, err := procCPU(procs[k].pid())
+		if err != nil {
+			return nil, err
+		}
+		if failed > 0 {
+			return nil, fmt.Errorf("%s round %d: %d of %d requests failed", overheadPolicies[k].name, round+1, failed, o.chunk)
+		}
+		cpu[k] += cpu1 - cpu0
+	}
+	return cpu, nil
+}
+
+// startOverheadCaddys starts a Caddy per policy, the first the round's number along the list, waits
+// until the sglang_load ones have polled every backend and warms each up (connections opened on both
+// sides, code paths hot). procs[k] is policy k's.
+func startOverheadCaddys(ctx context.Context, o overheadOptions, addrs []string, round int, client *http.Client, stderr io.Writer) (procs []*caddyProc, err error) {
+	n := len(overheadPolicies)
+	procs = make([]*caddyProc, n)
+	defer func() {
+		if err != nil {
+			for _, p := range procs {
+				if p != nil {
+					p.Stop()
+				}
+			}
+		}
+	}()
+	for i := range n {
+		k := (i + round) % n
+		p := overheadPolicies[k]
+		procs[k], err = startCaddy(ctx, o.caddy, func(admin string, port int) string {
+			return fmt.Sprintf("{\n\tadmin %s\n\tauto_https off\n\tpersist_config off\n%s}\nhttp://127.0.0.1:%d {\n\treverse_proxy %s {\n\t\t%s\n\t}\n}\n",
+				admin, p.global, port, strings.Join(addrs, " "), p.lb)
+		}, stderr)
+		if err != nil {
+			return procs, err
+		}
+	}
+	for k, p := range overheadPolicies {
+		if p.global != "" {
+			if err := procs[k].waitFresh(ctx, len(addrs), 20*time.Second); err != nil {
+				return procs, err
+			}
+		}
+	}
+	for k, p := range procs {
+		if _, _, err := sendAtRate(ctx, client, p.SiteURL+"/v1/chat/completions", o.requests/10, o.rate, o.conns); err != nil {
+			return procs, fmt.Errorf("%s warm-up: %w", overheadPolicies[k].name, err)
+		}
+	}
+	return procs, nil
 }
 
 // sendAtRate sends n requests to url on a fixed schedule of rate per second, over at most conns
