@@ -1,6 +1,7 @@
 package affinity
 
 import (
+	"bytes"
 	"io"
 	"math/bits"
 	"net/http"
@@ -47,17 +48,8 @@ func ReadRequest(r *http.Request, limit int, dst *Request) {
 		return
 	}
 	if r.GetBody == nil && r.ContentLength > 0 && r.ContentLength <= maxWholeBody && int64(want) == r.ContentLength {
-		// One byte more than the body's length: the read sees its end.
-		body := make([]byte, r.ContentLength+1)
-		n, err := io.ReadFull(r.Body, body)
-		if int64(n) == r.ContentLength && err == io.ErrUnexpectedEOF {
-			Parse(r.URL.Path, body[:n], true, r.ContentLength, dst)
-			dst.whole.Reset(body[:n])
-			r.Body = io.NopCloser(&dst.whole)
-			return
-		}
-		putBack(r, body[:n], err, nil) // it did not end where its length said
-		Parse(r.URL.Path, body[:min(n, want)], isEnd(err, n, r.ContentLength), r.ContentLength, dst)
+		head, complete := readWhole(r, &dst.whole)
+		Parse(r.URL.Path, head, complete, r.ContentLength, dst)
 		return
 	}
 	buf := getHead(want)
@@ -66,6 +58,21 @@ func ReadRequest(r *http.Request, limit int, dst *Request) {
 	if !kept {
 		putHead(buf)
 	}
+}
+
+// readWhole reads r's body, of a known length, into a buffer of its own and, when it ends there, makes
+// r.Body an in-memory reader of it, whole; else it puts back what it read, as readHead does.
+func readWhole(r *http.Request, whole *bytes.Reader) (head []byte, complete bool) {
+	body := make([]byte, r.ContentLength+1) // a byte more than its length: the read sees the end
+	n, err := io.ReadFull(r.Body, body)
+	if int64(n) == r.ContentLength && err == io.ErrUnexpectedEOF {
+		whole.Reset(body[:n])
+		r.Body = io.NopCloser(whole)
+		return body[:n], true
+	}
+	putBack(r, body[:n], err, nil)
+	n = min(n, int(r.ContentLength)) // the head is the body as long as its length says
+	return body[:n], isEnd(err, n, r.ContentLength)
 }
 
 // headSize is how many bytes of r's body to read with limit; not ok when none are (complete for an

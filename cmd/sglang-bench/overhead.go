@@ -125,10 +125,10 @@ func overheadRound(ctx context.Context, o overheadOptions, addrs []string, round
 		return nil, err
 	}
 	defer func() {
+		client.CloseIdleConnections() // else each Caddy waits out its grace period on them
 		for _, p := range procs {
 			p.Stop()
 		}
-		client.CloseIdleConnections()
 	}()
 	n := len(procs)
 	cpu := make([]time.Duration, n)
