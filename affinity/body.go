@@ -39,8 +39,8 @@ func ReadHead(r *http.Request, limit int, buf []byte) (head []byte, complete boo
 // A body of a known length up to maxWholeBody bytes is read whole instead, and r.Body becomes an
 // in-memory reader of it, held in dst: Go's transport then writes the request's headers and body in
 // one write, and no longer reads the client's body through the server's wrappers. With a body read
-// where it is proxied, Caddy's CPU per request was 5-6% above least_conn's, and is then equal
-// (results/2026-12-05/overhead.md). dst must outlive the request.
+// where it is proxied, Caddy's CPU per request was 5-6% above least_conn's; read whole, what it is unread
+// (results/2026-12-06/overhead.md). dst must outlive the request.
 func ReadRequest(r *http.Request, limit int, dst *Request) {
 	want, complete, ok := headSize(r, limit)
 	if !ok {

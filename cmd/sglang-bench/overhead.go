@@ -48,8 +48,7 @@ const overheadGoal = 1.03
 // requests sent at a fixed rate, well below what the machine can serve, so that the client and Caddy
 // do not fight for the cores and the CPU time, not the throughput, carries the difference. Each round
 // starts its Caddys afresh, in an order rotated by one from the round before, and takes turns between
-// them: two equal Caddys started one after the other differed by 2% (the first dearer) when they
-// ran for the whole benchmark.
+// them, so that no policy keeps a place; the control row shows what remains (about 2%).
 func runOverhead(ctx context.Context, o overheadOptions, stdout, stderr io.Writer) error {
 	addrs, stop, err := startLoadServers(ctx, "backends", o.backends, stderr)
 	if err != nil {
