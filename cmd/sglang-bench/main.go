@@ -69,6 +69,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&ov.backends, "backends", 4, "overhead: loopback backends")
 	fs.IntVar(&ov.conns, "conns", 16, "overhead: most requests in flight")
 	fs.IntVar(&ov.rounds, "overhead-rounds", 5, "overhead: rounds, each one run per policy")
+	bodyBytes := fs.Int("overhead-body", 0, "overhead: the chat request's size in bytes (0: a 72-byte chat)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process to the file")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -139,6 +140,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runMonitor(ctx, m, stdout, stderr)
 	case "overhead":
 		ov.caddy, ov.out = q.caddy, q.out
+		ov.body = overheadBody(*bodyBytes)
 		return runOverhead(ctx, ov, stdout, stderr)
 	case "port":
 		port, err := freePort()

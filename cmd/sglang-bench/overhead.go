@@ -19,6 +19,7 @@ type overheadOptions struct {
 	rounds     int
 	conns      int
 	chunk      int // requests per run; a round alternates runs until requests per policy are sent
+	body       string
 }
 
 // overheadPolicies are the configurations compared, the baseline (Caddy's least_conn) first: least_conn
@@ -37,8 +38,16 @@ const (
 	overheadDefault = 2
 )
 
-// overheadBody is the request each policy proxies: a small chat, which the cost metric reads.
-const overheadBody = `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8}`
+// overheadBody is the request each policy proxies: a chat of about size bytes (at least a small one),
+// which the cost metric reads.
+func overheadBody(size int) string {
+	const head, tail = `{"model":"m","messages":[{"role":"user","content":"`, `"}],"max_tokens":8}`
+	content := "hi"
+	if pad := size - len(head) - len(tail); pad > len(content) {
+		content = strings.Repeat("x", pad)
+	}
+	return head + content + tail
+}
 
 // overheadGoal is the most CPU per proxied request the default sglang_load may take, as a ratio to
 // least_conn's.
@@ -89,7 +98,7 @@ func runOverhead(ctx context.Context, o overheadOptions, stdout, stderr io.Write
 		"in front of the same %d loopback backends (another process; small JSON answers), started afresh each round in an order rotated by one. Per round and policy: %d POSTs to /v1/chat/completions "+
 		"(a %d-byte chat body) sent at %.0f req/s over at most %d connections by this process, in runs of %d taking turns between the policies; "+
 		"each Caddy's user+system CPU time from /proc/<pid>/stat (10ms ticks) over its runs, divided by its requests. %d rounds.\n\n",
-		o.caddy, strings.Join(names, ", "), o.backends, chunks*o.chunk, len(overheadBody), o.rate, o.conns, o.chunk, o.rounds)
+		o.caddy, strings.Join(names, ", "), o.backends, chunks*o.chunk, len(o.body), o.rate, o.conns, o.chunk, o.rounds)
 	b.WriteString("| round |")
 	for _, name := range names {
 		b.WriteString(" " + name + " µs/request |")
@@ -137,7 +146,7 @@ func overheadRound(ctx context.Context, o overheadOptions, addrs []string, round
 		if err != nil {
 			return nil, err
 		}
-		_, failed, err := sendAtRate(ctx, client, procs[k].SiteURL+"/v1/chat/completions", o.chunk, o.rate, o.conns)
+		_, failed, err := sendAtRate(ctx, client, procs[k].SiteURL+"/v1/chat/completions", o.body, o.chunk, o.rate, o.conns)
 		if err != nil {
 			return nil, err
 		}
@@ -187,17 +196,17 @@ func startOverheadCaddys(ctx context.Context, o overheadOptions, addrs []string,
 		}
 	}
 	for k, p := range procs {
-		if _, _, err := sendAtRate(ctx, client, p.SiteURL+"/v1/chat/completions", o.requests/10, o.rate, o.conns); err != nil {
+		if _, _, err := sendAtRate(ctx, client, p.SiteURL+"/v1/chat/completions", o.body, o.requests/10, o.rate, o.conns); err != nil {
 			return procs, fmt.Errorf("%s warm-up: %w", overheadPolicies[k].name, err)
 		}
 	}
 	return procs, nil
 }
 
-// sendAtRate sends n requests to url on a fixed schedule of rate per second, over at most conns
+// sendAtRate sends n requests with body to url on a fixed schedule of rate per second, over at most conns
 // requests in flight, and returns the time taken and how many failed. A request whose slot comes while
 // all conns are busy waits for one, so the rate holds only while the server keeps up.
-func sendAtRate(ctx context.Context, client *http.Client, url string, n int, rate float64, conns int) (time.Duration, int, error) {
+func sendAtRate(ctx context.Context, client *http.Client, url, body string, n int, rate float64, conns int) (time.Duration, int, error) {
 	slots := make(chan struct{}, conns)
 	var failed atomic.Int64
 	var wg sync.WaitGroup
@@ -215,7 +224,7 @@ func sendAtRate(ctx context.Context, client *http.Client, url string, n int, rat
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			resp, err := client.Post(url, "application/json", strings.NewReader(overheadBody))
+			resp, err := client.Post(url, "application/json", strings.NewReader(body))
 			if err != nil {
 				failed.Add(1)
 				return
