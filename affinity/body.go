@@ -123,7 +123,9 @@ func putBack(r *http.Request, head []byte, err error, pooled *[]byte) (kept bool
 }
 
 // maxWholeBody is the longest body that ReadRequest reads whole into a buffer of its own: longer ones
-// share pooled buffers, so that large prompts do not each cost the garbage collector their size.
+// share pooled buffers. Caddy's CPU per request, read whole against pooled: even at 4 KiB, and at
+// 16 KiB whole cost twice as much again over least_conn (8% against 4%): allocating and collecting
+// the body outweighs the write it saves.
 const maxWholeBody = 4 << 10
 
 // isEnd reports whether a read of n bytes that ended with err saw the whole body.
