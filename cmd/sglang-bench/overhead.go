@@ -22,6 +22,9 @@ type overheadOptions struct {
 	body       string
 }
 
+// chunks is how many runs of chunk requests a round sends each policy.
+func (o overheadOptions) chunks() int { return max(o.requests/o.chunk, 1) }
+
 // overheadPolicies are the configurations compared, the baseline (Caddy's least_conn) first: least_conn
 // again, a control whose ratio to the first is what the harness itself makes of two equal Caddys; the
 // default sglang_load; and its cost metric, which reads each request's body and prices every worker.
@@ -70,7 +73,7 @@ func runOverhead(ctx context.Context, o overheadOptions, stdout, stderr io.Write
 	perReq := make([][]float64, n) // by policy, then round
 	ratios := make([][]float64, n) // to the baseline, by policy, then round
 	var rows strings.Builder
-	chunks := max(o.requests/o.chunk, 1)
+	chunks := o.chunks()
 	for round := range o.rounds {
 		cpu, err := overheadRound(ctx, o, addrs, round, client, stderr)
 		if err != nil {
@@ -140,7 +143,7 @@ func overheadRound(ctx context.Context, o overheadOptions, addrs []string, round
 	}()
 	n := len(procs)
 	cpu := make([]time.Duration, n)
-	for c := range n * max(o.requests/o.chunk, 1) {
+	for c := range n * o.chunks() {
 		k := (c + round) % n
 		cpu0, err := procCPU(procs[k].pid())
 		if err != nil {
