@@ -182,7 +182,8 @@ type scoreView struct {
 	DecodeAloneTokensPerSec *float64 `json:"decode_alone_tokens_per_sec,omitempty"`
 	// Senders is how much more work the worker received than this Caddy sent it lately (the prefill
 	// counters' tokens over its own): about the number of replicas sharing the traffic. Absent until
-	// two reports with the counters.
+	// two reports with the counters, and with a policy that does not count what it sends (the signal
+	// metrics).
 	Senders *float64 `json:"senders,omitempty"`
 }
 
