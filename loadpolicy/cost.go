@@ -269,7 +269,11 @@ func keptAfter(gap time.Duration) float64 {
 func (w *workload) followSenders(prev *workload, received float64, sent int64, gap time.Duration) {
 	kept := keptAfter(gap)
 	w.receivedSum, w.sentSum, w.senders = prev.receivedSum*kept, prev.sentSum*kept, prev.senders
-	if sent < 0 { // the totals began again (another config's)
+	// Totals that began again (another config's) say nothing, nor does a window this proxy sent nothing
+	// in: it may have routed elsewhere, or by a policy that does not count what it sends, and the
+	// worker's tokens alone would read as other senders (a switch to the cost metric by a reload read
+	// 2.6 with one Caddy for a minute after).
+	if sent <= 0 {
 		return
 	}
 	w.receivedSum += received
