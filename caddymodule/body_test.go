@@ -211,8 +211,6 @@ http://localhost:9080 {
 	}
 }
 
-// TestAffinityPrefix: requests that share a long system prompt go to one worker while the workers are
-// equally loaded; requests with prompts of their own spread; the decisions are counted.
 // affinityCaddy starts Caddy in front of three equally loaded workers with `affinity <option>`, and
 // waits until it has polled them all.
 func affinityCaddy(t *testing.T, option string) []*hashingWorker {
@@ -253,6 +251,8 @@ func sentTo(ws []*hashingWorker, send func()) []int64 {
 	return got
 }
 
+// TestAffinityPrefix: requests that share a long system prompt go to one worker while the workers are
+// equally loaded; requests with prompts of their own spread; the decisions are counted.
 func TestAffinityPrefix(t *testing.T) {
 	ws := affinityCaddy(t, "prefix")
 	page := scrape(t)
