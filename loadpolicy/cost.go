@@ -243,7 +243,7 @@ func (r *Report) Follow(prev *Report) {
 		}
 		tokens, busyUS = tokens+dt, busyUS+db
 	}
-	r.work.followSenders(&prev.work, float64(tokens), r.Sent.Uncached-prev.Sent.Uncached, gap)
+	r.work.followSenders(&prev.work, float64(tokens), r.Sent.Uncached-prev.Sent.Uncached, r.Sent.Requests > 0, gap)
 	if gap > 0 {
 		r.work.prefillBusy = min(float64(busyUS)/1e6/gap.Seconds()/float64(len(r.Ranks)), 1)
 	}
@@ -265,15 +265,16 @@ func keptAfter(gap time.Duration) float64 {
 }
 
 // followSenders adds the tokens the worker prefilled and those this proxy sent it (uncached) between
-// the report before (prev) and this one, gap apart, to prev's sums.
-func (w *workload) followSenders(prev *workload, received float64, sent int64, gap time.Duration) {
+// the report before (prev) and this one, gap apart, to prev's sums; counting says this proxy has
+// counted what it sends the worker.
+func (w *workload) followSenders(prev *workload, received float64, sent int64, counting bool, gap time.Duration) {
 	kept := keptAfter(gap)
 	w.receivedSum, w.sentSum, w.senders = prev.receivedSum*kept, prev.sentSum*kept, prev.senders
-	// Totals that began again (another config's) say nothing, nor does a window this proxy sent nothing
-	// in: it may have routed elsewhere, or by a policy that does not count what it sends, and the
-	// worker's tokens alone would read as other senders (a switch to the cost metric by a reload read
-	// 2.6 with one Caddy for a minute after).
-	if sent <= 0 {
+	// Totals that began again (another config's) say nothing, nor do windows before this proxy counted
+	// anything it sent: a policy that does not count (the signal metrics) would have the worker's tokens
+	// read as other senders (a reload to the cost metric read 2.6 with one Caddy for a minute after). A
+	// window it sent nothing in counts: the others' share of a worker it rarely uses is in such windows.
+	if sent < 0 || !counting {
 		return
 	}
 	w.receivedSum += received
