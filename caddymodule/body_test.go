@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -251,6 +252,25 @@ func sentTo(ws []*hashingWorker, send func()) []int64 {
 	return got
 }
 
+// post sends body (JSON) to url, with header's fields, and fails the test unless the answer is 200 OK.
+func post(t *testing.T, url, body string, header http.Header) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	maps.Copy(req.Header, header)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST %s: %s", url, resp.Status)
+	}
+}
+
 // TestAffinityPrefix: requests that share a long system prompt go to one worker while the workers are
 // equally loaded; requests with prompts of their own spread; the decisions are counted.
 func TestAffinityPrefix(t *testing.T) {
@@ -262,12 +282,8 @@ func TestAffinityPrefix(t *testing.T) {
 	send := func(system string, n int) []int64 {
 		return sentTo(ws, func() {
 			for i := range n {
-				body := fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}],"max_tokens":16}`, system, i)
-				resp, err := http.Post("http://localhost:9080/v1/chat/completions", "application/json", strings.NewReader(body))
-				if err != nil {
-					t.Fatal(err)
-				}
-				resp.Body.Close()
+				post(t, "http://localhost:9080/v1/chat/completions",
+					fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}],"max_tokens":16}`, system, i), nil)
 			}
 		})
 	}
@@ -300,12 +316,7 @@ func TestAffinityPrefix(t *testing.T) {
 	}
 
 	// A long prompt with no system message is new until seen.
-	body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"max_tokens":16}`, shared)
-	resp, err := http.Post("http://localhost:9080/v1/chat/completions", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	post(t, "http://localhost:9080/v1/chat/completions", fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"max_tokens":16}`, shared), nil)
 	if got := metricValue(t, scrape(t), "caddy_sglang_load_affinity_decisions_total", "outcome", "new") - newBefore; got != 1 {
 		t.Errorf("new decisions grew by %v after a user's prompt, want 1", got)
 	}
@@ -317,23 +328,13 @@ func TestAffinityHeader(t *testing.T) {
 	ws := affinityCaddy(t, "header X-Session-ID")
 	send := func(session string, n int) []int64 {
 		return sentTo(ws, func() {
+			header := http.Header{}
+			if session != "" {
+				header.Set("X-Session-ID", session)
+			}
 			for i := range n {
-				body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"turn %d of %s"}],"max_tokens":16}`, i, session)
-				req, err := http.NewRequest("POST", "http://localhost:9080/v1/chat/completions", strings.NewReader(body))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if session != "" {
-					req.Header.Set("X-Session-ID", session)
-				}
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					t.Fatalf("status %d", resp.StatusCode)
-				}
+				post(t, "http://localhost:9080/v1/chat/completions",
+					fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"turn %d of %s"}],"max_tokens":16}`, i, session), header)
 			}
 		})
 	}

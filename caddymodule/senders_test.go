@@ -2,7 +2,6 @@ package caddymodule_test
 
 import (
 	"fmt"
-	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -35,15 +34,7 @@ func TestSendersCountAnotherSender(t *testing.T) {
 	}
 	// Each prompt's text is its own, so the worker's prefix cache prefills all 300 tokens of each.
 	send := func(base string, i int) {
-		body := fmt.Sprintf(`{"text":"%d: a prompt of its own","prompt_tokens":300,"sampling_params":{"max_new_tokens":2}}`, i)
-		resp, err := http.Post(base+"/generate", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("POST %s/generate: %s", base, resp.Status)
-		}
+		post(t, base+"/generate", fmt.Sprintf(`{"text":"%d: a prompt of its own","prompt_tokens":300,"sampling_params":{"max_new_tokens":2}}`, i), nil)
 	}
 	for i := range 150 {
 		send("http://127.0.0.1:9080", i)
