@@ -47,11 +47,17 @@ func (o qualityOptions) seedsAtOnce(rate float64, arms int) int {
 	return max(1, min(maxSeedsAtOnce, int(parallelLoad/(rate*float64(arms)))))
 }
 
+// controlPolicy is the quality table's second least_conn.
+const controlPolicy = "least_conn again (control)"
+
 // qualityPolicies are the rows of the quality table, each a Caddyfile lb_policy of its own.
 func qualityPolicies() []policy {
 	return []policy{
 		{name: "round_robin", lb: "lb_policy round_robin"},
 		{name: "least_conn", lb: "lb_policy least_conn"},
+		// A control: its ratios to least_conn are what two equal routers read on the same requests,
+		// the floor under which a seed's difference is the machine's, not the policy's.
+		{name: controlPolicy, lb: "lb_policy least_conn"},
 		{name: "random_choose 2", lb: "lb_policy random_choose 2"},
 		sglangLoad("sglang_load power_of_two 10s", 10*time.Second, "metric auto", "choose power_of_two"),
 		sglangLoad("sglang_load power_of_two 10s no-inflight", 10*time.Second, "metric auto", "choose power_of_two", "inflight_correction off"),

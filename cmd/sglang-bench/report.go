@@ -125,6 +125,7 @@ func qualityMarkdown(o qualityOptions, runs []qualityRun, total cpuUse) string {
 		figuresTable(&b, run.res, []metric{mP50, mP90, mP99, mTTFTMean, mTTFT90, mTTFT99, mTok})
 		ratioTables(&b, run.res, []metric{mP50, mP90, mP99, mTTFTMean, mTTFT99, mTok}, "least_conn", "round_robin")
 		targetsTable(&b, run.res)
+		controlLine(&b, run.res)
 		kvTable(&b, run.res)
 		if lc := run.res.find("least_conn"); lc != nil {
 			var m, p []float64
@@ -256,6 +257,17 @@ func targetsTable(b *strings.Builder, sr seedResults) {
 		fmt.Fprintf(b, "| %s | %.2f | %.2f | %.2f | %s | %s |\n", name, a.hi, p.hi, c.hi, same, map[bool]string{true: "yes", false: "no"}[met])
 	}
 	b.WriteString("\n")
+}
+
+// controlLine says how far from 1 the control's ratios to least_conn read: two equal routers.
+func controlLine(b *strings.Builder, sr seedResults) {
+	lc, ctl := sr.find("least_conn"), sr.find(controlPolicy)
+	if lc == nil || ctl == nil {
+		return
+	}
+	p50, p99 := spreadOf(ratios(values(ctl, mP50), values(lc, mP50))), spreadOf(ratios(values(ctl, mP99), values(lc, mP99)))
+	fmt.Fprintf(b, "The control, a second least_conn on the same requests: p50 ÷ least_conn %.2f..%.2f, p99 ÷ least_conn %.2f..%.2f "+
+		"over seeds; a seed's ratio that far from 1 is within what two equal routers read.\n\n", p50.lo, p50.hi, p99.lo, p99.hi)
 }
 
 // kvTable: each worker's mean and peak KV use (token_usage, sampled every 200 ms while requests were out).

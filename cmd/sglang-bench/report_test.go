@@ -26,10 +26,11 @@ func fakeResults(figs map[string][2][]float64, order []string) seedResults {
 }
 
 func TestQualityReport(t *testing.T) {
-	order := []string{"round_robin", "least_conn", "sglang_load power_of_two 10s", "sglang_load power_of_two 1s"}
+	order := []string{"round_robin", "least_conn", controlPolicy, "sglang_load power_of_two 10s", "sglang_load power_of_two 1s"}
 	sr := fakeResults(map[string][2][]float64{
 		"round_robin":                  {{1, 1, 1}, {20, 20, 20}},
 		"least_conn":                   {{1, 1, 1}, {10, 10, 10}},
+		controlPolicy:                  {{0.95, 1, 1.02}, {11, 10, 9}},
 		"sglang_load power_of_two 10s": {{0.9, 0.9, 1}, {5, 4, 6}},
 		"sglang_load power_of_two 1s":  {{0.9, 0.9, 1}, {5, 4, 6}},
 	}, order)
@@ -46,6 +47,8 @@ func TestQualityReport(t *testing.T) {
 		"| round_robin | 1.00 (1.00..1.00) ~ | 2.00 (2.00..2.00) **worse** | 2.00 (2.00..2.00) **worse** |",
 		// Targets on the worst seed: 0.6 ≤ 0.6, 1.0 ≤ 1.0, 0.3 ≤ 0.5, equal to the 1 s row.
 		"| sglang_load power_of_two 10s | 0.60 | 1.00 | 0.30 | 1.00..1.00 | yes |",
+		// The control's seeds: p50 0.95, 1, 1.02; p99 1.1, 1, 0.9.
+		"The control, a second least_conn on the same requests: p50 ÷ least_conn 0.95..1.02, p99 ÷ least_conn 0.90..1.10 over seeds",
 		"| least_conn | 70% / 90% | 20% / 50% | 10% / 30% |",
 		"Busy check: under least_conn the smallest worker's KV use peaks at 90% (90..90%) (mean 70% (70..70%)); above 70% on every seed: yes.",
 		"| least_conn | 3 | 100% | 100% | 100% / 0% / 0% | 10.00 | 2.00 | 0.50 | 7.50 |",
