@@ -117,6 +117,10 @@ type workload struct {
 	// that emptied just before the poll reads several times the speed, one that just started a tenth).
 	genSum, batchSum float64
 	alone            float64
+	// runningSum and readingsSum sum, weighed as genSum, the running counts of those readings and how
+	// many there were: their ratio is the batch at which the speed alone was read, from which a halving
+	// other than referenceHalving carries it back (see aloneSpeed).
+	runningSum, readingsSum float64
 	// readings counts the reports, up to trustedReadings, that caught the worker decoding.
 	readings  int
 	prefill   float64 // measured prefill speed of the whole worker, tokens/s; 0 when never measured
@@ -144,6 +148,8 @@ func (w *workload) addDecodeReading(throughput float64, running int64) bool {
 	w.genSum += max(throughput, 0)
 	if running > 0 {
 		w.batchSum += float64(running) / (1 + float64(running-1)/referenceHalving)
+		w.runningSum += float64(running)
+		w.readingsSum++
 		w.readings++
 	}
 	w.setAlone()
@@ -226,6 +232,8 @@ func (r *Report) Follow(prev *Report) {
 	}
 	r.work.genSum += prev.work.genSum * kept
 	r.work.batchSum += prev.work.batchSum * kept
+	r.work.runningSum += prev.work.runningSum * kept
+	r.work.readingsSum += prev.work.readingsSum * kept
 	r.work.setAlone()
 	r.work.prefill, r.work.prefillOK = prev.work.prefill, prev.work.prefillOK
 	if len(prev.Ranks) != len(r.Ranks) {
@@ -423,9 +431,17 @@ func (r *Report) AloneCost(req Request, p *CostParams) float64 {
 	return prompt/w.prefillSpeed(p) + out/w.aloneSpeed(p)
 }
 
-// aloneSpeed is the decode speed of one request in a batch of its own, tokens/s.
+// aloneSpeed is the decode speed of one request in a batch of its own, tokens/s. The readings were
+// carried to a batch of one at referenceHalving; a worker said to halve at another batch is carried
+// back from the batch they were read at by its own halving, so that a speed read at batch b prices
+// a request at batch b as read: at 16, a 4x simulated worker read at about 20 running is 400 tok/s
+// alone, not the 260 that 32 makes of it.
 func (w *workload) aloneSpeed(p *CostParams) float64 {
 	alone := w.alone
+	if h := p.DecodeBatchHalving; h > 0 && h != referenceHalving && w.readingsSum > 0 {
+		extra := w.runningSum/w.readingsSum - 1
+		alone *= (1 + extra/atLeast(h, 1)) / (1 + extra/referenceHalving)
+	}
 	if w.readings < trustedReadings {
 		alone = max(alone, w.unmeasuredSpeed(p))
 	}

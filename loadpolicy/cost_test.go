@@ -21,10 +21,11 @@ func perRequest(alone float64, batch int) float64 { return alone / (1 + float64(
 
 func TestCost(t *testing.T) {
 	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 16, MeanOutputTokens: 100}
-	// 4 running at 200 tok/s: 50 each at batch 4, so 50 x (1 + 3/32) alone (a reading is carried to a
-	// batch of one at the reference halving of 32; DecodeBatchHalving carries the speed alone to the
-	// batch the request joins).
-	busyAlone := 50 * (1 + 3.0/32)
+	// 4 running at 200 tok/s: 50 each at batch 4, so 50 x (1 + 3/16) alone (a reading is carried to a
+	// batch of one at the worker's halving, DecodeBatchHalving, and from there to the batch the
+	// request joins).
+	busyAlone := 50 * (1 + 3.0/16)
+	meanBatch := (4 + 2*math.Sqrt(0.5)) / (1 + math.Sqrt(0.5)) // of "decode readings summed"
 	busy := worker(4, 0, 0, 4000, 10000, 8, 200)
 	withCounters := func(rk Rank, tokens, busyUS int64) Rank {
 		rk.PrefillUncachedTokens, rk.PrefillBusyUS = tokens, busyUS
@@ -66,11 +67,11 @@ func TestCost(t *testing.T) {
 			want: 700.0*100/1700/(7*perRequest(busyAlone, 7)) + 0.175 + 100/perRequest(busyAlone, 7),
 		},
 		{
-			// 8 running of 8 at 400 tok/s: 50 each, 50 x (1 + 7/32) alone. The batch stays 8: decode 100
+			// 8 running of 8 at 400 tok/s: 50 each, 50 x (1 + 7/16) alone. The batch stays 8: decode 100
 			// tokens at perRequest(alone, 8); one must finish first, 100 tokens at 8 times that speed;
 			// prefill 0.05.
 			name: "full batch", ranks: []Rank{worker(8, 0, 0, 800, 100000, 8, 400)},
-			req: Request{400, 100}, want: 100/perRequest(50*(1+7.0/32), 8)*(1+1.0/8) + 0.05,
+			req: Request{400, 100}, want: 100/perRequest(50*(1+7.0/16), 8)*(1+1.0/8) + 0.05,
 		},
 		{
 			// Two requests sent since (800 prompt, 200 output tokens), none finished, 1 s ago: 6 present,
@@ -104,11 +105,11 @@ func TestCost(t *testing.T) {
 		},
 		{
 			// Counters moved 4000 tokens in 1 s of busy prefill: 4000 tok/s. Idle now; decode carried
-			// from the previous report, 100 tok/s at batch 2, 50 x (1 + 1/32) alone; prefill 400/4000 = 0.1.
+			// from the previous report, 100 tok/s at batch 2, 50 x (1 + 1/16) alone; prefill 400/4000 = 0.1.
 			name:  "measured prefill, carried decode",
 			prev:  []Rank{withCounters(worker(2, 0, 0, 1000, 10000, 8, 100), 1000, 1_000_000)},
 			ranks: []Rank{withCounters(worker(0, 0, 0, 0, 10000, 8, 0), 5000, 2_000_000)},
-			req:   Request{400, 100}, want: 100/(50*(1+1.0/32)) + 0.1,
+			req:   Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.1,
 		},
 		{
 			// 4000 tokens in 0.5 s of prefill busy over the 1 s between the reports: 8000 tok/s, busy half
@@ -117,7 +118,7 @@ func TestCost(t *testing.T) {
 			prev:  []Rank{withCounters(worker(2, 0, 0, 1000, 10000, 8, 100), 1000, 1_000_000)},
 			ranks: []Rank{withCounters(worker(0, 0, 0, 0, 10000, 8, 0), 5000, 1_500_000)},
 			gap:   time.Second, residual: 800,
-			req: Request{400, 100}, want: 100/(50*(1+1.0/32)) + 0.05 + 0.1,
+			req: Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.05 + 0.1,
 		},
 		{
 			// Busy the whole second at 4000 tok/s: the busy fraction counts as 0.95, a wait of 19 residual
@@ -126,18 +127,20 @@ func TestCost(t *testing.T) {
 			prev:  []Rank{withCounters(worker(2, 0, 0, 1000, 10000, 8, 100), 1000, 1_000_000)},
 			ranks: []Rank{withCounters(worker(0, 0, 0, 0, 10000, 8, 0), 5000, 2_000_000)},
 			gap:   time.Second, residual: 800,
-			req: Request{400, 100}, want: 100/(50*(1+1.0/32)) + 0.1 + 3.8,
+			req: Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.1 + 3.8,
 		},
 		{
 			// The previous report, 30 s before, read 400 tok/s at batch 2; this one reads 50 at batch 4
 			// (a window that lagged the batch). The earlier reading weighs 2^-0.5 (half a minute): alone
-			// (50 + 400 x 2^-0.5) / (4/(1 + 3/32) + 2/(1 + 1/32) x 2^-0.5) tok/s; batch 5 at halving 16;
-			// prefill 0.05.
+			// (50 + 400 x 2^-0.5) / (4/(1 + 3/32) + 2/(1 + 1/32) x 2^-0.5) tok/s at the reference halving,
+			// read at a mean batch of b = (4 + 2 x 2^-0.5) / (1 + 2^-0.5), so (1 + (b-1)/16) / (1 + (b-1)/32)
+			// times that at halving 16; batch 5; prefill 0.05.
 			name:  "decode readings summed with the previous report's",
 			prev:  []Rank{worker(2, 0, 0, 1000, 10000, 8, 400)},
 			ranks: []Rank{worker(4, 0, 0, 1000, 10000, 8, 50)}, gap: 30 * time.Second,
 			req:  Request{400, 100},
-			want: 100/perRequest((50+400*math.Sqrt(0.5))/(4/(1+3.0/32)+2/(1+1.0/32)*math.Sqrt(0.5)), 5) + 0.05,
+			want: 100/perRequest((50+400*math.Sqrt(0.5))/(4/(1+3.0/32)+2/(1+1.0/32)*math.Sqrt(0.5))*
+				(1+(meanBatch-1)/16)/(1+(meanBatch-1)/32), 5) + 0.05,
 		},
 		{
 			// As "busy worker", and each of the 100 tokens slows the 4 others by 1/16 of a token at
@@ -310,6 +313,32 @@ func TestDecodeTrustedAfterReadings(t *testing.T) {
 		}
 		if got := idle.Cost(Request{0, 100}, 0, &Since{}, &params); math.Abs(got-want) > 1e-9 {
 			t.Errorf("after %d readings: %v s, want %v", i+1, got, want)
+		}
+	}
+}
+
+// Readings are carried to a batch of one by the worker's own halving where one is set: a simulated 4x
+// worker (400 tok/s alone, halving 16) read at 20 running is 400 tok/s alone at 16, and what the
+// reference halving of 32 makes of the same readings without it.
+func TestDecodeHalvingCarriesReadingsBack(t *testing.T) {
+	const alone, running = 400.0, 20
+	gen := running * alone / (1 + (running-1)/16.0)
+	var rep *Report
+	for i := range trustedReadings {
+		next := NewReport(time.Unix(int64(i), 0), "", []Rank{worker(running, 0, 0, 1000, 100000, 64, gen)})
+		next.Follow(rep)
+		rep = next
+	}
+	for _, tc := range []struct {
+		halving, want float64 // s for 100 tokens alone
+	}{
+		{16, 100 / alone},
+		{32, 100 / (gen / running * (1 + (running-1)/32.0))},
+		{0, 100 / (gen / running * (1 + (running-1)/32.0))}, // unset: the reference
+	} {
+		p := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: tc.halving}
+		if got := rep.AloneCost(Request{0, 100}, &p); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("halving %v: %.6f s alone, want %.6f", tc.halving, got, tc.want)
 		}
 	}
 }
