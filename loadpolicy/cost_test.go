@@ -138,7 +138,7 @@ func TestCost(t *testing.T) {
 			name:  "decode readings summed with the previous report's",
 			prev:  []Rank{worker(2, 0, 0, 1000, 10000, 8, 400)},
 			ranks: []Rank{worker(4, 0, 0, 1000, 10000, 8, 50)}, gap: 30 * time.Second,
-			req:  Request{400, 100},
+			req: Request{400, 100},
 			want: 100/perRequest((50+400*math.Sqrt(0.5))/(4/(1+3.0/32)+2/(1+1.0/32)*math.Sqrt(0.5))*
 				(1+(meanBatch-1)/16)/(1+(meanBatch-1)/32), 5) + 0.05,
 		},
