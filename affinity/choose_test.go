@@ -110,6 +110,54 @@ func TestChooseConversationFollowsItsCache(t *testing.T) {
 	}
 }
 
+// Caddy instances that share nothing each send a conversation's turns home, but for the one that sent
+// its previous turn, which follows that turn: a first turn sent off home moves home at most once, and
+// is not split between the workers each instance first sent it to.
+func TestChooseConversationAcrossInstancesGoesHome(t *testing.T) {
+	for _, n := range []int{4, 64} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			var xs [3]*Index
+			var fs [3]*fleet
+			for i := range xs {
+				xs[i] = NewIndex(0)
+				fs[i] = newFleet(xs[i], n)
+			}
+			a, b, c := 0, 1, 2
+			turn := func(prev Key, blocks int) Key {
+				k := prefixKey(0, blocks) // the previous turn, an answer and a new message
+				copy(k.Blocks, prev.Blocks)
+				k.Continues, k.PreviousBlocks = true, len(prev.Blocks)
+				return k
+			}
+			var first, second Key
+			home := 0
+			for id := uint64(1); home == 0; id++ { // a conversation whose home is not worker 0
+				first = prefixKey(id, 16)
+				second = turn(first, 24)
+				got := xs[b].Choose(second, fs[b], 0)
+				if got.Outcome != Followed || got.CachedTokens != 16*BlockTokens {
+					t.Fatalf("a second turn this instance has not seen: %+v, want its home followed with the first turn cached", got)
+				}
+				home = got.Index
+			}
+			xs[a].Record(first.Blocks, fs[a].workers[0]) // instance a sent the first turn off home
+			if got := xs[a].Choose(second, fs[a], 0); got.Index != 0 || got.CachedTokens != 16*BlockTokens {
+				t.Fatalf("second turn at the instance that sent the first: %+v, want worker 0 followed", got)
+			}
+			if got := xs[c].Choose(second, fs[c], 0); got.Index != home {
+				t.Fatalf("second turn at an instance that knows nothing: %+v, want home %d", got, home)
+			}
+			xs[b].Record(second.Blocks, fs[b].workers[home]) // instance b sent it home
+			third := turn(second, 32)
+			for _, i := range []int{a, b, c} {
+				if got := xs[i].Choose(third, fs[i], 0); got.Index != home || got.CachedTokens != 24*BlockTokens {
+					t.Fatalf("third turn at instance %d: %+v, want home %d followed with the second turn cached", i, got, home)
+				}
+			}
+		})
+	}
+}
+
 func TestChooseLargeFleetPricesTheKeysOrder(t *testing.T) {
 	x := NewIndex(0)
 	f := newFleet(x, 64)

@@ -18,6 +18,7 @@ type reference struct {
 	stream            bool
 	key               []byte // the key's byte stream
 	shared            int    // bytes of key within the leading system messages
+	previous          int    // bytes of key before the last assistant message
 	seed              uint64
 	ok                bool
 }
@@ -88,6 +89,9 @@ func referenceParse(path string, body []byte) (ref reference) {
 				system := false
 				if r := m["role"]; !isNull(r) {
 					system = string(r) == `"system"` || string(r) == `"developer"`
+					if string(r) == `"assistant"` {
+						ref.previous = len(text)
+					}
 					if r[0] != '"' {
 						return ref
 					}
@@ -278,6 +282,9 @@ func FuzzParse(f *testing.F) {
 		}
 		if want := min(ref.shared/BlockBytes, cap(r.Blocks)); r.SharedBlocks != want {
 			t.Fatalf("shared blocks %d, want %d", r.SharedBlocks, want)
+		}
+		if want := min(ref.previous/BlockBytes, cap(r.Blocks)); r.PreviousBlocks != want {
+			t.Fatalf("previous blocks %d, want %d", r.PreviousBlocks, want)
 		}
 	})
 }

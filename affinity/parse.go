@@ -57,6 +57,9 @@ type Request struct {
 	// SharedBlocks is how many of Blocks lie whole within a chat's leading system (or developer)
 	// messages: the application's instructions, the same in each of its requests.
 	SharedBlocks int
+	// PreviousBlocks is how many of Blocks lie whole before a chat's last assistant message: the prompt
+	// of the conversation's previous request, which an index that saw that request sent knows.
+	PreviousBlocks int
 	// Blocks is the key: the chained hashes of the prompt's whole leading blocks (see BlockBytes). Parse
 	// fills at most cap(Blocks) of them into the caller's backing array, so give it capacity (MaxBlocks)
 	// once and keep it: Parse allocates nothing. Chat messages are keyed as role, 0, content, 0 for each
@@ -91,6 +94,7 @@ func Parse(path string, head []byte, complete bool, contentLength int64, dst *Re
 	dst.Stream = p.stream
 	dst.Continues = p.continues
 	dst.SharedBlocks = p.sharedBlocks
+	dst.PreviousBlocks = p.previousBlocks
 	dst.DeclaredPromptTokens = max(0, p.declared)
 	switch {
 	case shape == ShapeGenerate:
@@ -155,6 +159,7 @@ type parser struct {
 	continues                        bool     // a message had the role "assistant"
 	leading                          bool     // every message so far was a system message
 	sharedBlocks                     int      // whole blocks keyed by the leading system messages
+	previousBlocks                   int      // whole blocks keyed before the last assistant message
 	keyBuf                           [32]byte // a key with escapes, decoded
 }
 
@@ -530,7 +535,9 @@ func (p *parser) openMessage() bool {
 	p.msgOpened = true
 	if p.msgRole >= 0 {
 		role := p.s[p.msgRole:]
-		p.continues = p.continues || bytes.HasPrefix(role, assistantRole)
+		if bytes.HasPrefix(role, assistantRole) {
+			p.continues, p.previousBlocks = true, len(p.key.blocks)
+		}
 		p.msgSystem = bytes.HasPrefix(role, systemRole) || bytes.HasPrefix(role, developerRole)
 		save := p.i
 		p.i = p.msgRole

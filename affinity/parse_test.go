@@ -421,3 +421,33 @@ func TestParseSharedBlocks(t *testing.T) {
 		t.Errorf("head cut inside the system message: shared blocks %d of %d, want 0 of some", r.SharedBlocks, len(r.Blocks))
 	}
 }
+
+func TestParsePreviousBlocks(t *testing.T) {
+	first := strings.Repeat("Tell me about the tides. ", 50) // 1,250 bytes: 4 whole blocks with the role
+	answer := strings.Repeat("The moon pulls the sea. ", 30)
+	firstJSON, _ := json.Marshal(first)
+	answerJSON, _ := json.Marshal(answer)
+	msg := func(role string, content []byte) string {
+		return fmt.Sprintf(`{"role":%q,"content":%s}`, role, content)
+	}
+	chat := func(msgs ...string) string { return `{"messages":[` + strings.Join(msgs, ",") + `]}` }
+	for _, tt := range []struct {
+		name, body string
+		want       int
+	}{
+		{"first turn", chat(msg("user", firstJSON)), 0},
+		{"second turn", chat(msg("user", firstJSON), msg("assistant", answerJSON), msg("user", []byte(`"and?"`))),
+			len(chatStream("user", first)) / BlockBytes},
+		{"third turn", chat(msg("user", firstJSON), msg("assistant", answerJSON), msg("user", firstJSON),
+			msg("assistant", answerJSON), msg("user", []byte(`"and?"`))),
+			len(chatStream("user", first, "assistant", answer, "user", first)) / BlockBytes},
+		{"content before role", chat(msg("user", firstJSON), fmt.Sprintf(`{"content":%s,"role":"assistant"}`, answerJSON),
+			msg("user", []byte(`"and?"`))), len(chatStream("user", first)) / BlockBytes},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := parse("/v1/chat/completions", tt.body); got.PreviousBlocks != tt.want || got.PreviousBlocks > len(got.Blocks) {
+				t.Errorf("previous blocks %d of %d, want %d", got.PreviousBlocks, len(got.Blocks), tt.want)
+			}
+		})
+	}
+}

@@ -77,7 +77,7 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 		// A chat with an answer in its history is a conversation that continues: it follows its cache. A
 		// chat's system prompt is shared from its first request.
 		st.key = affinity.Key{Blocks: st.body.Blocks, BlockTokens: affinity.BlockTokens, PromptTokens: st.size.PromptTokens,
-			Continues: st.body.Continues, SharedBlocks: st.body.SharedBlocks}
+			Continues: st.body.Continues, SharedBlocks: st.body.SharedBlocks, PreviousBlocks: st.body.PreviousBlocks}
 	case affinityHeader:
 		// A session's earlier turns are cached where it went: all of this prompt but its new message,
 		// which the model cannot know, so the whole prompt is credited.

@@ -27,6 +27,9 @@ func TestPrefixKeyOfAConversationContinues(t *testing.T) {
 		if st == nil {
 			t.Fatalf("%s: no request state", c.name)
 		}
+		if st.key.PreviousBlocks != st.body.PreviousBlocks || (st.key.PreviousBlocks > 0) != c.continues {
+			t.Errorf("%s: previous blocks %d, the body's %d; want some exactly when it continues", c.name, st.key.PreviousBlocks, st.body.PreviousBlocks)
+		}
 		if st.key.Continues != c.continues || st.key.Session || len(st.key.Blocks) == 0 {
 			t.Errorf("%s: continues %t, session %t, with %d blocks; want continues %t, no session, and a key", c.name,
 				st.key.Continues, st.key.Session, len(st.key.Blocks), c.continues)
