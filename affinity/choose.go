@@ -43,7 +43,9 @@ type Key struct {
 	Session bool
 	// Continues says that the key is a conversation that has sent before (a session header, or a chat
 	// with an answer in its history): once this index knows it, it goes on at the worker holding the
-	// most of it, while this index sent its previous request (see PreviousBlocks).
+	// most of it, while this index sent its previous request (see PreviousBlocks). A prefix key that
+	// continues but is not known here is priced as a new one, as its first turn was, so that it goes
+	// where that one most likely went.
 	Continues bool
 	// SharedBlocks is how many of Blocks the request's shape says are shared (Request.SharedBlocks: a
 	// chat's system prompt): they count as known from the key's first request, as if this index had
@@ -52,8 +54,8 @@ type Key struct {
 	SharedBlocks int
 	// PreviousBlocks is how many of Blocks its previous request sent (Request.PreviousBlocks, for a key
 	// that Continues). An index that knows less of the key did not see that request sent: another Caddy
-	// instance did, and the worker this index names holds an earlier turn only. Such a key, known or not,
-	// goes on at its home as a Session key does, the home credited with that request's prompt.
+	// instance did, and the worker this index names holds an earlier turn only. Such a key is priced as
+	// one this index does not know.
 	PreviousBlocks int
 }
 
@@ -125,8 +127,8 @@ type Choice struct {
 // loads. A conversation (a key that Continues) is the exception: its first turn, priced as a one-off
 // prompt, may have gone elsewhere, and where this index knows a worker within the bound that holds
 // more of the key than its home, that worker takes the home's place, while this index knows the key's
-// PreviousBlocks; where it knows less, another instance sent the previous turn, and the conversation
-// goes home with that turn credited there, where every instance sends it. Candidates are compared by
+// PreviousBlocks; where it knows less, another instance sent the previous turn, and the conversation is
+// priced as one this index has not seen. Candidates are compared by
 // stretch, Cost over Alone: a slow home that is not loaded keeps its keys (in seconds the fastest
 // worker would win them all and its cache could not hold them), and a cache hit on a busy worker loses
 // to a miss on an idle one.
@@ -197,19 +199,18 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	}
 
 	known, holder := x.known(key.Blocks)
-	depth := max(known, min(key.SharedBlocks, len(key.Blocks)))
-	// Instances that each followed the worker they last sent a conversation to would split it for good;
-	// the home is where all of them send it.
-	elsewhere := key.Continues && known < key.PreviousBlocks
-	if elsewhere {
-		depth = max(depth, min(key.PreviousBlocks, len(key.Blocks)))
+	if key.Continues && known < key.PreviousBlocks {
+		// Another instance sent the conversation's previous turn: the worker this index names holds an
+		// earlier one, and following it would split the conversation from where the others send it.
+		known, holder = 0, 0
 	}
+	depth := max(known, min(key.SharedBlocks, len(key.Blocks)))
 	cached := int64(depth) * key.BlockTokens
 	if key.PromptTokens > 0 {
 		cached = min(cached, key.PromptTokens)
 	}
 	shared := cached > 0 && 2*cached >= key.PromptTokens
-	if shared && key.Continues && !elsewhere && (home < 0 || x.Match(key.Blocks, c.Worker(home)) < known) {
+	if shared && key.Continues && (home < 0 || x.Match(key.Blocks, c.Worker(home)) < known) {
 		// A conversation continues where its earlier turns are cached, which is not its home when its
 		// first turn, priced as a one-off prompt, went elsewhere.
 		k, home = followHolder(c, n, &order, k, home, holder, bound)

@@ -110,10 +110,10 @@ func TestChooseConversationFollowsItsCache(t *testing.T) {
 	}
 }
 
-// Caddy instances that share nothing each send a conversation's turns home, but for the one that sent
-// its previous turn, which follows that turn: a first turn sent off home moves home at most once, and
-// is not split between the workers each instance first sent it to.
-func TestChooseConversationAcrossInstancesGoesHome(t *testing.T) {
+// Of Caddy instances that share nothing, only the one that sent a conversation's previous turn follows
+// where it went; the others price the conversation as one they have not seen, as its first turn was,
+// and do not follow an earlier turn to a worker the conversation has left.
+func TestChooseConversationFollowsOnlyItsPreviousTurn(t *testing.T) {
 	for _, n := range []int{4, 64} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			var xs [3]*Index
@@ -131,27 +131,27 @@ func TestChooseConversationAcrossInstancesGoesHome(t *testing.T) {
 			}
 			var first, second Key
 			home := 0
-			for id := uint64(1); home == 0; id++ { // a conversation whose home is not worker 0
+			for id := uint64(1); home == 0; id++ { // a conversation that a new key's lean sends to a worker other than 0
 				first = prefixKey(id, 16)
 				second = turn(first, 24)
 				got := xs[b].Choose(second, fs[b], 0)
-				if got.Outcome != Followed || got.CachedTokens != 16*BlockTokens {
-					t.Fatalf("a second turn this instance has not seen: %+v, want its home followed with the first turn cached", got)
+				if got.Outcome != New {
+					t.Fatalf("a second turn this instance has not seen: %+v, want it priced as new", got)
 				}
 				home = got.Index
 			}
-			xs[a].Record(first.Blocks, fs[a].workers[0]) // instance a sent the first turn off home
-			if got := xs[a].Choose(second, fs[a], 0); got.Index != 0 || got.CachedTokens != 16*BlockTokens {
+			xs[a].Record(first.Blocks, fs[a].workers[0]) // instance a sent the first turn to worker 0
+			if got := xs[a].Choose(second, fs[a], 0); got.Index != 0 || got.Outcome != Followed || got.CachedTokens != 16*BlockTokens {
 				t.Fatalf("second turn at the instance that sent the first: %+v, want worker 0 followed", got)
 			}
-			if got := xs[c].Choose(second, fs[c], 0); got.Index != home {
-				t.Fatalf("second turn at an instance that knows nothing: %+v, want home %d", got, home)
-			}
-			xs[b].Record(second.Blocks, fs[b].workers[home]) // instance b sent it home
+			xs[b].Record(second.Blocks, fs[b].workers[home]) // instance b sent the second turn elsewhere
 			third := turn(second, 32)
-			for _, i := range []int{a, b, c} {
-				if got := xs[i].Choose(third, fs[i], 0); got.Index != home || got.CachedTokens != 24*BlockTokens {
-					t.Fatalf("third turn at instance %d: %+v, want home %d followed with the second turn cached", i, got, home)
+			if got := xs[b].Choose(third, fs[b], 0); got.Index != home || got.Outcome != Followed || got.CachedTokens != 24*BlockTokens {
+				t.Fatalf("third turn at the instance that sent the second: %+v, want %d followed with it cached", got, home)
+			}
+			for _, i := range []int{a, c} {
+				if got := xs[i].Choose(third, fs[i], 0); got.Index != home || got.Outcome != New {
+					t.Fatalf("third turn at instance %d, which did not send the second: %+v, want it priced as new (at %d)", i, got, home)
 				}
 			}
 		})
