@@ -210,7 +210,7 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		cached = min(cached, key.PromptTokens)
 	}
 	shared := cached > 0 && 2*cached >= key.PromptTokens
-	if shared && key.Continues && (home < 0 || x.Match(key.Blocks, c.Worker(home)) < known) {
+	if shared && key.Continues && holder != 0 && (home < 0 || x.Match(key.Blocks, c.Worker(home)) < known) {
 		// A conversation continues where its earlier turns are cached, which is not its home when its
 		// first turn, priced as a one-off prompt, went elsewhere.
 		k, home = followHolder(c, n, &order, k, home, holder, bound)
