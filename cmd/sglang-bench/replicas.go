@@ -99,12 +99,12 @@ func replicasMarkdown(o qualityOptions, ps []policy, runs []qualityRun, total cp
 				if p.interval > 0 && len(rs) > 0 {
 					expected = fmt.Sprintf("%.2f", expectedPollRate(n, p.interval, rs))
 				}
-				ratio := spreadOf(ratios(values(rs, mP99), values(base, mP99)))
+				ratio := ratioSpread(rs, base, mP99)
 				if n != o.instances[0] {
 					goal = map[bool]string{true: "yes", false: "no"}[ratio.hi <= 1.15]
 				}
 				fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s |\n", p.name, n, ratio.format(2),
-					spreadOf(ratios(values(rs, mP50), values(base, mP50))).format(2), strings.Join(polls, " / "), expected, goal)
+					ratioSpread(rs, base, mP50).format(2), strings.Join(polls, " / "), expected, goal)
 			}
 		}
 		b.WriteString("\n")

@@ -63,10 +63,15 @@ func values(rs []armResult, m metric) []float64 {
 	return v
 }
 
+// ratioSpread is a policy's figure m divided by a baseline's, seed by seed: median and range.
+func ratioSpread(rs, base []armResult, m metric) spread {
+	return spreadOf(ratios(values(rs, m), values(base, m)))
+}
+
 // ratioCell is a policy's figure divided by a baseline's, seed by seed: median, range, and whether the
 // whole range lies on one side of 1.
 func ratioCell(rs, base []armResult, m metric) string {
-	s := spreadOf(ratios(values(rs, m), values(base, m)))
+	s := ratioSpread(rs, base, m)
 	v := s.verdict()
 	if !m.lowerBetter {
 		switch v {
@@ -244,13 +249,13 @@ func targetsTable(b *strings.Builder, sr seedResults) {
 			continue
 		}
 		rs := sr.byPolicy[i]
-		a := spreadOf(ratios(values(rs, mP99), values(lc, mP99)))
-		p := spreadOf(ratios(values(rs, mP50), values(lc, mP50)))
-		c := spreadOf(ratios(values(rs, mP99), values(rr, mP99)))
+		a := ratioSpread(rs, lc, mP99)
+		p := ratioSpread(rs, lc, mP50)
+		c := ratioSpread(rs, rr, mP99)
 		met := a.hi <= 0.6 && p.hi <= 1 && c.hi <= 0.5
 		same := "-"
 		if fast := sr.find(strings.Replace(name, " 10s", " 1s", 1)); fast != nil {
-			s := spreadOf(ratios(values(rs, mP99), values(fast, mP99)))
+			s := ratioSpread(rs, fast, mP99)
 			same = fmt.Sprintf("%.2f..%.2f", s.lo, s.hi)
 			met = met && s.lo >= 0.9 && s.hi <= 1.1
 		}
@@ -265,7 +270,7 @@ func controlLine(b *strings.Builder, sr seedResults) {
 	if lc == nil || ctl == nil {
 		return
 	}
-	p50, p99 := spreadOf(ratios(values(ctl, mP50), values(lc, mP50))), spreadOf(ratios(values(ctl, mP99), values(lc, mP99)))
+	p50, p99 := ratioSpread(ctl, lc, mP50), ratioSpread(ctl, lc, mP99)
 	fmt.Fprintf(b, "The control, a second least_conn on the same requests: p50 ÷ least_conn %.2f..%.2f, p99 ÷ least_conn %.2f..%.2f "+
 		"over seeds; a seed's ratio that far from 1 is within what two equal routers read.\n\n", p50.lo, p50.hi, p99.lo, p99.hi)
 }
