@@ -34,8 +34,8 @@ func TestCostParamsFollowRecentPromptSizes(t *testing.T) {
 	}
 }
 
-// A worker not yet seen decoding is priced from the fleet's decode to prefill ratio, a moving mean over
-// the reports that measured both, unless decode_tokens_per_sec fixes its speed.
+// A worker not yet seen decoding is priced from the fleet's decode to prefill ratio, pooled over the
+// reports that measured both, unless decode_tokens_per_sec fixes its speed.
 func TestCostParamsFleetDecodeRatio(t *testing.T) {
 	app := &App{}
 	p := &Policy{app: app}
@@ -56,14 +56,16 @@ func TestCostParamsFleetDecodeRatio(t *testing.T) {
 		return rep
 	}
 	// 400 tok/s at batch 2 is 206.25 alone at the reference halving; prefill 8000 tok/s: 206.25/8000.
+	const batch2 = 400 / 206.25 // lone requests' worth of decoding in a batch of 2
 	p.fleet.note(report(400, 8000))
 	first := 206.25 / 8000
 	if got := p.costParams().DecodePerPrefill; math.Abs(got-first) > 1e-12 {
 		t.Fatalf("after one report: ratio %v, want %v", got, first)
 	}
-	// A report at twice the ratio moves the mean a tenth of the way.
+	// The same reading from a worker of half the prefill speed, read at the same moment: the two
+	// readings over the two batches, weighed by their prefill speeds.
 	p.fleet.note(report(400, 4000))
-	if got, want := p.costParams().DecodePerPrefill, first+(2*first-first)*fleetRatioWeight; math.Abs(got-want) > 1e-12 {
+	if got, want := p.costParams().DecodePerPrefill, (400+400)/(batch2*(8000+4000)); math.Abs(got-want) > 1e-12 {
 		t.Errorf("after two reports: ratio %v, want %v", got, want)
 	}
 	if got, want := p.costParams().DecodeTokensPerSec, 206.25; math.Abs(got-want) > 1e-9 {

@@ -306,29 +306,25 @@ type stampingFetcher struct {
 // stand-ins for a worker not yet measured. One per policy: two reverse_proxy blocks may serve models
 // whose speeds differ tenfold. The fastest speed alone reported lately is optimistic
 // on purpose: a worker priced at a slow stand-in would get no request, so never decode, so never be
-// measured. The decode to prefill ratio prices, instead, a worker whose prefill speed is measured.
-type fleetSpeed struct{ fastest, ratio atomicFloat }
+// measured. The decode to prefill ratio, pooled over the workers' readings, prices instead a worker
+// whose prefill speed is measured.
+type fleetSpeed struct {
+	fastest, ratio atomicFloat
+	mu             sync.Mutex
+	decode         loadpolicy.FleetDecode // guarded by mu; ratio is its PerPrefill
+}
 
 // fleetSpeedMemory is how much of the fastest speed each report keeps, so a fleet that lost its
 // fastest worker forgets it within some tens of polls.
 const fleetSpeedMemory = 0.98
 
-// fleetRatioWeight is the weight of each report's decode to prefill ratio in the fleet's moving mean.
-const fleetRatioWeight = 0.1
-
 func (f *fleetSpeed) note(rep *loadpolicy.Report) {
 	alone := rep.DecodeAloneTokensPerSec()
 	f.fastest.update(func(old float64) float64 { return max(alone, old*fleetSpeedMemory) })
-	r := rep.DecodePerPrefill()
-	if r <= 0 {
-		return
-	}
-	f.ratio.update(func(mean float64) float64 {
-		if mean > 0 {
-			return mean + (r-mean)*fleetRatioWeight
-		}
-		return r
-	})
+	f.mu.Lock()
+	f.decode.Add(rep)
+	f.ratio.Store(f.decode.PerPrefill())
+	f.mu.Unlock()
 }
 
 func (f *fleetSpeed) load() (fastest, ratio float64) { return f.fastest.Load(), f.ratio.Load() }

@@ -27,9 +27,10 @@ type CostParams struct {
 	// DecodeTokensPerSec is the decode speed of a request alone on a worker not yet measured (fewer
 	// than trustedReadings reports caught it decoding): it is priced at no less than this.
 	DecodeTokensPerSec float64
-	// DecodePerPrefill, when positive, takes DecodeTokensPerSec's place for a worker whose prefill speed
-	// is measured: its speed alone is its prefill speed per rank times DecodePerPrefill, the fleet's
-	// ratio of the two where both are measured (see Report.DecodePerPrefill).
+	// DecodePerPrefill, when positive, is the fleet's ratio of decode speed alone to prefill speed per
+	// rank (see FleetDecode). A worker whose prefill speed is measured is priced from it: at its prefill
+	// speed per rank times the ratio until it has readings of its own, and by both after, its own
+	// weighing more as they gather. It takes DecodeTokensPerSec's place for such a worker.
 	DecodePerPrefill float64
 	// DecodeBatchHalving is how many more requests in a batch halve each one's decode speed.
 	DecodeBatchHalving float64
@@ -122,9 +123,12 @@ type workload struct {
 	// other than referenceHalving carries it back (see aloneSpeed).
 	runningSum, readingsSum float64
 	// readings counts the reports, up to trustedReadings, that caught the worker decoding.
-	readings  int
-	prefill   float64 // measured prefill speed of the whole worker, tokens/s; 0 when never measured
-	prefillOK bool    // prefill was measured from the worker's counters (by this report or an earlier one)
+	readings int
+	// readGen and readBatch are this report's own reading, as added to genSum and batchSum: what it
+	// adds to the fleet's (see FleetDecode).
+	readGen, readBatch float64
+	prefill            float64 // measured prefill speed of the whole worker, tokens/s; 0 when never measured
+	prefillOK          bool    // prefill was measured from the worker's counters (by this report or an earlier one)
 	// prefillBusy is the fraction of the time between the last two reports that the worker's prefill
 	// was busy, from its counters; 0 when not measured.
 	prefillBusy float64
@@ -145,9 +149,11 @@ func (w *workload) addDecodeReading(throughput float64, running int64) bool {
 	if throughput <= 0 && running <= 0 {
 		return false
 	}
-	w.genSum += max(throughput, 0)
+	w.readGen = max(throughput, 0)
+	w.genSum += w.readGen
 	if running > 0 {
-		w.batchSum += float64(running) / (1 + float64(running-1)/referenceHalving)
+		w.readBatch = float64(running) / (1 + float64(running-1)/referenceHalving)
+		w.batchSum += w.readBatch
 		w.runningSum += float64(running)
 		w.readingsSum++
 		w.readings++
@@ -438,6 +444,11 @@ func (r *Report) AloneCost(req Request, p *CostParams) float64 {
 // alone, not the 260 that 32 makes of it.
 func (w *workload) aloneSpeed(p *CostParams) float64 {
 	alone := w.alone
+	if prior := w.fleetSpeed(p); prior > 0 {
+		// The fleet's ratio counts as fleetReadings lone requests read at it: a worker caught decoding
+		// a few times is priced mostly by it, one busy for a minute by its own readings.
+		alone = (w.genSum + fleetReadings*prior) / (w.batchSum + fleetReadings)
+	}
 	if h := p.DecodeBatchHalving; h > 0 && h != referenceHalving && w.readingsSum > 0 {
 		extra := w.runningSum/w.readingsSum - 1
 		alone *= (1 + extra/atLeast(h, 1)) / (1 + extra/referenceHalving)
@@ -448,26 +459,67 @@ func (w *workload) aloneSpeed(p *CostParams) float64 {
 	return atLeast(alone, 1e-3)
 }
 
-// unmeasuredSpeed is the decode speed alone of a worker not yet measured: its prefill speed per rank
-// times the fleet's ratio where both are known, else the stand-in.
+// unmeasuredSpeed is the decode speed alone of a worker not yet measured: the fleet's for its prefill
+// speed where both are known, else the stand-in.
 func (w *workload) unmeasuredSpeed(p *CostParams) float64 {
-	if w.prefillOK && p.DecodePerPrefill > 0 {
-		return w.prefill / float64(max(w.ranks, 1)) * p.DecodePerPrefill
+	if prior := w.fleetSpeed(p); prior > 0 {
+		return prior
 	}
 	return p.DecodeTokensPerSec
 }
 
-// DecodePerPrefill is the worker's decode speed alone over its prefill speed per rank, 0 unless its
-// reports measured both. Workers serving one model on different hardware differ in both speeds
-// together: a prefill speed measured from the cumulative counters after a single request says more of
-// a rarely used worker's decode speed than the fleet's fastest does, and a poll every 10 s rarely
-// catches a short request decoding.
-func (r *Report) DecodePerPrefill() float64 {
+// fleetSpeed is the worker's prefill speed per rank times the fleet's ratio of decode to prefill, 0
+// where either is unknown.
+func (w *workload) fleetSpeed(p *CostParams) float64 {
+	if w.prefillOK && p.DecodePerPrefill > 0 {
+		return w.prefill / float64(max(w.ranks, 1)) * p.DecodePerPrefill
+	}
+	return 0
+}
+
+// fleetReadings is how many readings of a lone request the fleet's decode to prefill ratio counts for
+// in a worker's speed alone. A worker busy with a batch of 20, polled every 10 s, holds some 115 in
+// its sums; one at a light load, a handful.
+const fleetReadings = 16
+
+// FleetDecode pools the decode readings of a policy's workers into one ratio of decode speed alone to
+// prefill speed per rank. Workers serving one model on different hardware differ in both speeds
+// together. A worker's prefill speed, from its cumulative counters, reads true after one request; its
+// decode readings, a throughput window against the batch at the poll, are each far off and few where
+// it is rarely sent to (at 4 requests/s a simulated 2x worker read 6 to 289 tok/s alone against 200
+// over five runs), and Caddy instances that price it from their own few readings disagree on where
+// a request goes. A ratio of sums over every worker's recent readings: the output tokens/s they read
+// over their batches (in lone requests' worth, as a worker's own sums count them), each batch weighed
+// by the prefill speed per rank of the worker that read it. A reading weighs half for every
+// decodeMemory of readings since. The zero value is ready; it is not safe for concurrent use.
+type FleetDecode struct {
+	gen, batchPrefill float64
+	last              time.Time
+}
+
+// Add adds the report's own decode reading, when it has one and its worker's prefill speed is measured.
+func (f *FleetDecode) Add(r *Report) {
 	w := &r.work
-	if w.alone <= 0 || !w.prefillOK || w.prefill <= 0 {
+	if !w.sampled || !w.prefillOK || w.prefill <= 0 {
+		return
+	}
+	if r.Received.After(f.last) {
+		if !f.last.IsZero() {
+			kept := keptAfter(r.Received.Sub(f.last))
+			f.gen, f.batchPrefill = f.gen*kept, f.batchPrefill*kept
+		}
+		f.last = r.Received
+	}
+	f.gen += w.readGen
+	f.batchPrefill += w.readBatch * w.prefill / float64(max(w.ranks, 1))
+}
+
+// PerPrefill is the fleet's decode speed alone over prefill speed per rank, 0 before a reading.
+func (f *FleetDecode) PerPrefill() float64 {
+	if f.batchPrefill <= 0 {
 		return 0
 	}
-	return w.alone / (w.prefill / float64(max(w.ranks, 1)))
+	return f.gen / f.batchPrefill
 }
 
 // prefillSpeed is the worker's prefill speed, tokens/s: measured, else the stand-in.

@@ -257,39 +257,82 @@ func TestDecodeSpeedOfAChangingBatch(t *testing.T) {
 	}
 }
 
-// A worker whose prefill speed is measured but that no poll has caught decoding is priced at its
-// prefill speed times the fleet's ratio of the two, not at the fleet's fastest decode speed.
-func TestDecodeFromPrefillRatio(t *testing.T) {
-	counters := func(at int64, running int64, gen float64, tokens, busyUS int64) *Report {
-		r := worker(running, 0, 0, 1000, 10000, 8, gen)
-		r.PrefillUncachedTokens, r.PrefillBusyUS = tokens, busyUS
-		r.Fields |= FieldPrefillCounters
-		return NewReport(time.Unix(at, 0), "", []Rank{r})
-	}
-	// Decoding 400 tok/s at batch 2 (206.25 alone at the reference halving), prefill 8000 tok/s.
-	prev := counters(0, 2, 400, 0, 0)
-	measured := counters(1, 2, 400, 4000, 500_000)
-	measured.Follow(prev)
-	if got, want := measured.DecodePerPrefill(), 206.25/8000; math.Abs(got-want) > 1e-12 {
-		t.Fatalf("DecodePerPrefill %v, want %v", got, want)
-	}
-	if got := prev.DecodePerPrefill(); got != 0 {
-		t.Errorf("DecodePerPrefill without a prefill speed %v, want 0", got)
-	}
+// counters is a one-rank report at second at, with the prefill counters and a decode reading.
+func counters(at int64, running int64, gen float64, tokens, busyUS int64) *Report {
+	r := worker(running, 0, 0, 1000, 10000, 8, gen)
+	r.PrefillUncachedTokens, r.PrefillBusyUS = tokens, busyUS
+	r.Fields |= FieldPrefillCounters
+	return NewReport(time.Unix(at, 0), "", []Rank{r})
+}
 
+// The fleet's ratio is a ratio of sums over its workers' own readings, each batch weighed by the prefill
+// speed of the worker that read it, and aged in time as a worker's own sums are. A reading of a worker
+// whose prefill speed is not measured adds nothing.
+func TestFleetDecodeRatioOfSums(t *testing.T) {
+	var f FleetDecode
+	if got := f.PerPrefill(); got != 0 {
+		t.Fatalf("before a reading: %v, want 0", got)
+	}
+	unmeasured := counters(0, 2, 400, 0, 0)
+	f.Add(unmeasured)
+	if got := f.PerPrefill(); got != 0 {
+		t.Fatalf("a reading without a prefill speed: %v, want 0", got)
+	}
+	// A worker reading 400 tok/s at batch 2, prefill 8000 tok/s; then, a minute later, one reading
+	// 300 tok/s at batch 1, prefill 4000 tok/s. The first weighs half by then.
+	fast := counters(1, 2, 400, 4000, 500_000)
+	fast.Follow(counters(0, 2, 400, 0, 0))
+	f.Add(fast)
+	if got, want := f.PerPrefill(), 400/(eff(2)*8000); math.Abs(got-want) > 1e-12 {
+		t.Fatalf("after one reading: %v, want %v", got, want)
+	}
+	slow := counters(61, 1, 300, 2000, 500_000)
+	slow.Follow(counters(60, 0, 0, 0, 0))
+	f.Add(slow)
+	if got, want := f.PerPrefill(), (400*0.5+300)/(eff(2)*8000*0.5+1*4000); math.Abs(got-want) > 1e-12 {
+		t.Errorf("after two: %v, want %v", got, want)
+	}
+}
+
+// A worker whose prefill speed is measured but that no poll has caught decoding is priced at its
+// prefill speed times the fleet's ratio of the two, not at the fleet's fastest decode speed; once it
+// has readings, by both, its own weighing as many lone requests as they caught.
+func TestDecodeFromPrefillRatio(t *testing.T) {
 	// Idle at both polls, 2000 tokens prefilled in half a second between them: 4000 tok/s.
-	prev = counters(0, 0, 0, 0, 0)
 	idle := counters(1, 0, 0, 2000, 500_000)
-	idle.Follow(prev)
+	idle.Follow(counters(0, 0, 0, 0, 0))
 	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 400, DecodePerPrefill: 0.025, DecodeBatchHalving: 32, MeanOutputTokens: 100}
 	// 800 prompt tokens at 4000 tok/s, then 100 output tokens alone at 4000 × 0.025 = 100 tok/s.
 	if got, want := idle.Cost(Request{800, 100}, 0, &Since{}, &params), 0.2+1.0; math.Abs(got-want) > 1e-9 {
 		t.Errorf("priced from the prefill ratio: %v s, want %v", got, want)
 	}
 	// Without the ratio, the stand-in: 100 tokens at 400 tok/s.
-	params.DecodePerPrefill = 0
-	if got, want := idle.Cost(Request{800, 100}, 0, &Since{}, &params), 0.2+0.25; math.Abs(got-want) > 1e-9 {
+	noRatio := params
+	noRatio.DecodePerPrefill = 0
+	if got, want := idle.Cost(Request{800, 100}, 0, &Since{}, &noRatio), 0.2+0.25; math.Abs(got-want) > 1e-9 {
 		t.Errorf("priced from the stand-in: %v s, want %v", got, want)
+	}
+
+	// Three readings a millisecond apart of 20 tok/s at batch 1, the last idle again: a tenth of what
+	// the fleet says, 16 lone requests' worth against its own 3.
+	prev := idle
+	for i := range trustedReadings {
+		rep := counters(1, 1, 20, 2000, 500_000)
+		rep.Received = idle.Received.Add(time.Duration(i+1) * time.Millisecond)
+		rep.Follow(prev)
+		prev = rep
+	}
+	own := prev.DecodeAloneTokensPerSec()
+	if math.Abs(own-20) > 1e-3 {
+		t.Fatalf("own readings %v tok/s alone, want 20", own)
+	}
+	blended := (3*20*1.0 + fleetReadings*100) / (3 + fleetReadings)
+	// Read to a part in 10⁵: the readings are a millisecond apart, and age each other that much.
+	if got, want := prev.AloneCost(Request{0, 100}, &params), 100/blended; math.Abs(got/want-1) > 1e-5 {
+		t.Errorf("priced by both: %v s, want %v (%.2f tok/s)", got, want, blended)
+	}
+	if got, want := prev.AloneCost(Request{0, 100}, &noRatio), 100/own; math.Abs(got/want-1) > 1e-5 {
+		t.Errorf("without the ratio, by its own readings: %v s, want %v", got, want)
 	}
 }
 
