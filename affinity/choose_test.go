@@ -93,8 +93,8 @@ func TestChooseConversationFollowsItsCache(t *testing.T) {
 				x.Record(first.Blocks, f.workers[0])
 				home = x.Choose(first, f, 0).Index
 			}
-			next := prefixKey(0, 24) // the first turn, an answer and a new message
-			copy(next.Blocks, first.Blocks)
+			next := nextTurn(first, 24)
+			next.Continues = false // not yet said to be a conversation
 			if got := x.Choose(next, f, 0); got.Index != home || got.Outcome != Followed {
 				t.Fatalf("not a conversation: %+v, want home %d, followed", got, home)
 			}
@@ -110,6 +110,15 @@ func TestChooseConversationFollowsItsCache(t *testing.T) {
 	}
 }
 
+// nextTurn is the key of a conversation's next turn, blocks long: prev's blocks (the previous turn),
+// then an answer and a new message.
+func nextTurn(prev Key, blocks int) Key {
+	k := prefixKey(0, blocks)
+	copy(k.Blocks, prev.Blocks)
+	k.Continues, k.PreviousBlocks = true, len(prev.Blocks)
+	return k
+}
+
 // Of Caddy instances that share nothing, only the one that sent a conversation's previous turn follows
 // where it went; the others price the conversation as one they have not seen, as its first turn was,
 // and do not follow an earlier turn to a worker the conversation has left.
@@ -123,17 +132,11 @@ func TestChooseConversationFollowsOnlyItsPreviousTurn(t *testing.T) {
 				fs[i] = newFleet(xs[i], n)
 			}
 			a, b, c := 0, 1, 2
-			turn := func(prev Key, blocks int) Key {
-				k := prefixKey(0, blocks) // the previous turn, an answer and a new message
-				copy(k.Blocks, prev.Blocks)
-				k.Continues, k.PreviousBlocks = true, len(prev.Blocks)
-				return k
-			}
 			var first, second Key
 			home := 0
 			for id := uint64(1); home == 0; id++ { // a conversation that a new key's lean sends to a worker other than 0
 				first = prefixKey(id, 16)
-				second = turn(first, 24)
+				second = nextTurn(first, 24)
 				got := xs[b].Choose(second, fs[b], 0)
 				if got.Outcome != New {
 					t.Fatalf("a second turn this instance has not seen: %+v, want it priced as new", got)
@@ -145,7 +148,7 @@ func TestChooseConversationFollowsOnlyItsPreviousTurn(t *testing.T) {
 				t.Fatalf("second turn at the instance that sent the first: %+v, want worker 0 followed", got)
 			}
 			xs[b].Record(second.Blocks, fs[b].workers[home]) // instance b sent the second turn elsewhere
-			third := turn(second, 32)
+			third := nextTurn(second, 32)
 			if got := xs[b].Choose(third, fs[b], 0); got.Index != home || got.Outcome != Followed || got.CachedTokens != 24*BlockTokens {
 				t.Fatalf("third turn at the instance that sent the second: %+v, want %d followed with it cached", got, home)
 			}
