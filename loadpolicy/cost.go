@@ -444,28 +444,23 @@ func (r *Report) AloneCost(req Request, p *CostParams) float64 {
 // alone, not the 260 that 32 makes of it.
 func (w *workload) aloneSpeed(p *CostParams) float64 {
 	alone := w.alone
+	// A worker not yet measured decodes at no less than the fleet's speed for its prefill speed, where
+	// both are known, else the stand-in.
+	unmeasured := p.DecodeTokensPerSec
 	if prior := w.fleetSpeed(p); prior > 0 {
 		// The fleet's ratio counts as fleetReadings lone requests read at it: a worker caught decoding
 		// a few times is priced mostly by it, one busy for a minute by its own readings.
 		alone = (w.genSum + fleetReadings*prior) / (w.batchSum + fleetReadings)
+		unmeasured = prior
 	}
 	if h := p.DecodeBatchHalving; h > 0 && h != referenceHalving && w.readingsSum > 0 {
 		extra := w.runningSum/w.readingsSum - 1
 		alone *= (1 + extra/atLeast(h, 1)) / (1 + extra/referenceHalving)
 	}
 	if w.readings < trustedReadings {
-		alone = max(alone, w.unmeasuredSpeed(p))
+		alone = max(alone, unmeasured)
 	}
 	return atLeast(alone, 1e-3)
-}
-
-// unmeasuredSpeed is the decode speed alone of a worker not yet measured: the fleet's for its prefill
-// speed where both are known, else the stand-in.
-func (w *workload) unmeasuredSpeed(p *CostParams) float64 {
-	if prior := w.fleetSpeed(p); prior > 0 {
-		return prior
-	}
-	return p.DecodeTokensPerSec
 }
 
 // fleetSpeed is the worker's prefill speed per rank times the fleet's ratio of decode to prefill, 0
