@@ -57,7 +57,13 @@ type Key struct {
 	// instance did, and the worker this index names holds an earlier turn only. Such a key is priced as
 	// one this index does not know.
 	PreviousBlocks int
+	// Home is the worker (its ID) that a placement (Homes) moved the key to, 0 if none: it leads the
+	// key's order while within the bound.
+	Home uint32
 }
+
+// rendezvousKey is what the key's rendezvous order is drawn from: its first RendezvousBlocks blocks.
+func (k *Key) rendezvousKey() uint64 { return k.Blocks[min(len(k.Blocks), RendezvousBlocks)-1] }
 
 // Candidates are the upstreams a request may go to, as the caller sees them.
 type Candidates interface {
@@ -120,7 +126,8 @@ type Choice struct {
 //
 // A key known to be shared goes to its home unless load says otherwise. The home is the first worker
 // within the bound in the weighted rendezvous order of the key's first RendezvousBlocks blocks (a
-// worker's share of keys in proportion to its Weight, so each cache holds what fits there). It alone
+// worker's share of keys in proportion to its Weight, so each cache holds what fits there), or the
+// worker a placement moved the key to (Key.Home, see Homes) while that one is within the bound. It alone
 // is credited with the known depth: crediting every worker the index names would keep a prefix that
 // went elsewhere once on two workers, and the fastest would collect copies of all of them. Caddy
 // instances that share nothing agree on the home, from the key, the candidates' names, weights and
@@ -156,7 +163,7 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	// in flight stays near a slower one's. The key's order is drawn in the same pass as the loads,
 	// from every available candidate, and drawn again from those within the bound only when one of
 	// the first it found is not.
-	rkey := key.Blocks[min(len(key.Blocks), RendezvousBlocks)-1]
+	rkey := key.rendezvousKey()
 	var top rendezvousTop
 	offer := func(i int, w Worker, load float64) {
 		if weight, u := positive(c.Weight(i)), uniform(rkey, w.Hash); !top.turnsAway(weight, u) {
@@ -197,6 +204,9 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	if k > 0 {
 		home = order[0]
 	}
+	if key.Home != 0 {
+		k, home = lead(c, n, &order, k, home, key.Home, bound)
+	}
 
 	known, holder := x.known(key.Blocks)
 	if key.Continues && known < key.PreviousBlocks {
@@ -213,7 +223,7 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	if shared && key.Continues && holder != 0 && (home < 0 || x.Match(key.Blocks, c.Worker(home)) < known) {
 		// A conversation continues where its earlier turns are cached, which is not its home when its
 		// first turn, priced as a one-off prompt, went elsewhere.
-		k, home = followHolder(c, n, &order, k, home, holder, bound)
+		k, home = lead(c, n, &order, k, home, holder, bound)
 	}
 	if !shared {
 		// A new key leans on its home by the blocks the order is drawn from, so that a near tie
@@ -282,12 +292,12 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	return best
 }
 
-// followHolder puts the candidate whose worker is holder first in order, when it is within the bound:
-// the key's home from then on. It returns order's length and the home, which stays home otherwise.
-func followHolder(c Candidates, n int, order *[MaxPriced]int, k, home int, holder uint32, bound float64) (int, int) {
+// lead puts the candidate whose worker is id first in order, when it is within the bound: the key's
+// home from then on. It returns order's length and the home, which stays home otherwise.
+func lead(c Candidates, n int, order *[MaxPriced]int, k, home int, id uint32, bound float64) (int, int) {
 	at := -1
 	for i := range n {
-		if c.Worker(i).ID == holder {
+		if c.Worker(i).ID == id {
 			at = i
 			break
 		}

@@ -103,6 +103,7 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, 
 	c.reset(p, pool, x)
 	c.size, c.params = st.size, p.costParams()
 	c.look()
+	st.key.Home = p.homes.Of(st.key)
 	choice := p.affinityIndex.Choose(st.key, c, p.AffinityBalance)
 	if choice.Index < 0 {
 		return p.selectFallback(pool, r, w)
@@ -115,6 +116,11 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, 
 	p.noteSize(st.size, choice.CachedTokens)
 	if len(st.key.Blocks) > 0 {
 		p.affinityIndex.Record(st.key.Blocks, c.Worker(choice.Index))
+		now := c.now.UnixMilli()
+		p.homes.Note(st.key, now)
+		if p.homes.Due(now) {
+			go p.homes.Place(c.homeWorkers(), now)
+		}
 	}
 	return pool[choice.Index]
 }
@@ -198,6 +204,21 @@ func (c *affinityCandidates) batchCap(i int, now int64) int64 {
 		}
 	}
 	return 0
+}
+
+// homeWorkers is the pool as a placement of homes sees it.
+func (c *affinityCandidates) homeWorkers() []affinity.HomeWorker {
+	workers := make([]affinity.HomeWorker, len(c.pool))
+	for i := range workers {
+		w := &workers[i]
+		w.Worker, w.Weight = c.Worker(i), c.Weight(i)
+		if ep := c.endpoint(i); ep != nil && w.Worker.ID != 0 {
+			if rep := c.fresh(i, ep); rep != nil {
+				w.Pool = rep.MaxTotalTokens
+			}
+		}
+	}
+	return workers
 }
 
 // fresh is ep's fresh report, ep being upstream i's endpoint, found once per Select.

@@ -140,6 +140,7 @@ type Policy struct {
 	costs    loadpolicy.CostParams
 	// affinityIndex is nil with affinity off; workers are its workers by upstream dial address.
 	affinityIndex *affinity.Index
+	homes         *affinity.Homes // where keys that crowd their first worker's cache go
 	workers       atomic.Pointer[map[string]affinity.Worker]
 	meanOut       atomicFloat // mean output tokens of recent requests, for the cost model
 	fleet         fleetSpeed  // what this policy's workers reported of their speeds
@@ -348,6 +349,7 @@ func (p *Policy) makeAffinityIndex() {
 	p.workers.Store(&empty)
 	if p.Affinity != "" {
 		p.affinityIndex = affinity.NewIndex(p.AffinityIndexSize)
+		p.homes = affinity.NewHomes()
 	}
 }
 

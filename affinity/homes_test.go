@@ -1,0 +1,247 @@
+package affinity
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// homeFleet is three workers weighted 1:2:4, the benchmark's fleet, with pools of the given sizes.
+func homeFleet(x *Index, pools ...int64) []HomeWorker {
+	ws := make([]HomeWorker, len(pools))
+	for i := range ws {
+		ws[i] = HomeWorker{Worker: x.Worker(fmt.Sprintf("127.0.0.1:%d", 20390+i)), Weight: float64(int(16) << i), Pool: pools[i]}
+	}
+	return ws
+}
+
+// score is a key's weighted rendezvous score on a worker: the higher, the earlier in its order.
+func score(key Key, w HomeWorker) float64 {
+	return w.Weight / -math.Log(uniform(key.rendezvousKey(), w.Worker.Hash))
+}
+
+// byScore is the workers in the key's order, the first first.
+func byScore(key Key, ws []HomeWorker) []int {
+	order := []int{}
+	for i := range ws {
+		order = append(order, i)
+	}
+	for i := range order { // a handful of workers: sort by selection
+		for j := i + 1; j < len(order); j++ {
+			if score(key, ws[order[j]]) > score(key, ws[order[i]]) {
+				order[i], order[j] = order[j], order[i]
+			}
+		}
+	}
+	return order
+}
+
+// sharedPrefixKeys is n system prompts of tokens each (a whole number of blocks).
+func sharedPrefixKeys(n int, tokens int64) []Key {
+	keys := make([]Key, n)
+	for i := range keys {
+		blocks := int(tokens / BlockTokens)
+		keys[i] = prefixKey(uint64(1000+i), blocks)
+		keys[i].SharedBlocks = blocks
+	}
+	return keys
+}
+
+// A worker whose budget holds two of the keys that rank it first keeps the two that score highest
+// there; each other one moves to its second worker, whose budget is unbounded (pool unknown); keys
+// that rank another worker first stay where they are.
+func TestPlaceMovesTheLowestScoringKeysOffAFullWorker(t *testing.T) {
+	x := NewIndex(0)
+	const tokens = 2176
+	ws := homeFleet(x, poolHolding(2, tokens), 0, 0) // worker 0 holds two keys
+	keys := sharedPrefixKeys(64, tokens)
+	h := NewHomes()
+	var atFirst []Key // keys that rank worker 0 first
+	for _, k := range keys {
+		h.Note(k, 0)
+		if byScore(k, ws)[0] == 0 {
+			atFirst = append(atFirst, k)
+		}
+	}
+	if len(atFirst) < 4 {
+		t.Fatalf("%d keys rank worker 0 first; the test needs at least 4", len(atFirst))
+	}
+	h.Place(ws, 0)
+	// The two highest scores at worker 0 among the keys that rank it first.
+	var top [2]float64
+	for _, k := range atFirst {
+		if s := score(k, ws[0]); s > top[0] {
+			top[1], top[0] = top[0], s
+		} else if s > top[1] {
+			top[1] = s
+		}
+	}
+	for _, k := range keys {
+		order := byScore(k, ws)
+		got := h.Of(k)
+		switch {
+		case order[0] != 0 && got != 0:
+			t.Errorf("key ranking worker %d first moved to worker ID %d", order[0], got)
+		case order[0] == 0 && score(k, ws[0]) >= top[1] && got != 0:
+			t.Errorf("one of the two best keys at worker 0 moved to worker ID %d", got)
+		case order[0] == 0 && score(k, ws[0]) < top[1] && got != ws[order[1]].Worker.ID:
+			t.Errorf("key over worker 0's budget placed at worker ID %d, want its second, ID %d", got, ws[order[1]].Worker.ID)
+		}
+	}
+}
+
+// Placement is a function of the keys and the fleet: instances that saw the keys in other orders
+// and at other times within the TTL place them alike.
+func TestPlaceIsOrderFree(t *testing.T) {
+	x := NewIndex(0)
+	ws := homeFleet(x, 16384, 32768, 65536)
+	keys := sharedPrefixKeys(48, 2176)
+	placements := make([]*Homes, 3)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range placements {
+		placements[i] = NewHomes()
+		for _, j := range rng.Perm(len(keys)) {
+			placements[i].Note(keys[j], int64(rng.IntN(HomeKeyTTL/2)))
+		}
+		placements[i].Place(ws, HomeKeyTTL/2)
+	}
+	moved := 0
+	for _, k := range keys {
+		want := placements[0].Of(k)
+		if want != 0 {
+			moved++
+		}
+		for i, p := range placements[1:] {
+			if got := p.Of(k); got != want {
+				t.Errorf("instance %d placed a key at worker ID %d, instance 0 at %d", i+1, got, want)
+			}
+		}
+	}
+	if moved == 0 {
+		t.Fatal("48 keys of 2,176 tokens on pools of 16k, 32k and 64k moved none: the test places nothing")
+	}
+}
+
+// Within budget every key stays first; so does every key when no pool is known, and a key that fits
+// in no worker's budget.
+func TestPlaceKeepsKeysFirstWithRoomOrNoPools(t *testing.T) {
+	x := NewIndex(0)
+	for _, c := range []struct {
+		name   string
+		pools  []int64
+		tokens int64
+	}{
+		{"room for all", []int64{1 << 20, 1 << 21, 1 << 22}, 2176},
+		{"no pool known", []int64{0, 0, 0}, 2176},
+		{"fits nowhere", []int64{1000, 2000, 4000}, 8192},
+	} {
+		h := NewHomes()
+		keys := sharedPrefixKeys(32, c.tokens)
+		for _, k := range keys {
+			h.Note(k, 0)
+		}
+		h.Place(homeFleet(x, c.pools...), 0)
+		for _, k := range keys {
+			if got := h.Of(k); got != 0 {
+				t.Errorf("%s: a key moved to worker ID %d", c.name, got)
+			}
+		}
+	}
+}
+
+// A key counts towards its home's budget for HomeKeyTTL after its latest request, from its first if
+// shared, else from its second; keys that continue a conversation or name a session are not counted:
+// they follow their cache.
+func TestHomesCountRecentSharedKeysOnly(t *testing.T) {
+	x := NewIndex(0)
+	const tokens = 2176
+	ws := homeFleet(x, poolHolding(1, tokens), 0, 0) // worker 0 holds one key
+	keys := sharedPrefixKeys(64, tokens)
+	var first []Key
+	for _, k := range keys {
+		if byScore(k, ws)[0] == 0 {
+			first = append(first, k)
+		}
+	}
+	if len(first) < 2 {
+		t.Fatalf("%d keys rank worker 0 first; the test needs 2", len(first))
+	}
+	a, b := first[0], first[1]
+	movedOf := func(h *Homes) int {
+		n := 0
+		for _, k := range []Key{a, b} {
+			if h.Of(k) != 0 {
+				n++
+			}
+		}
+		return n
+	}
+	h := NewHomes()
+	h.Note(a, 0)
+	h.Note(b, 0)
+	h.Place(ws, HomeKeyTTL)
+	if got := movedOf(h); got != 1 {
+		t.Fatalf("two keys on a worker holding one: %d moved, want 1", got)
+	}
+	h.Place(ws, HomeKeyTTL+1)
+	if got := movedOf(h); got != 0 {
+		t.Errorf("keys past their TTL: %d moved, want 0", got)
+	}
+	h = NewHomes()
+	conv, session := a, b
+	conv.Continues = true
+	session.Session = true
+	h.Note(conv, 0)
+	h.Note(session, 0)
+	h.Place(ws, 0)
+	if got := movedOf(h); got != 0 {
+		t.Errorf("a conversation and a session noted: %d moved, want 0", got)
+	}
+	// A shared prompt counts what its requests share, however long the question after it.
+	h = NewHomes()
+	longA, longB := a, b
+	longA.PromptTokens, longB.PromptTokens = 3*tokens, 3*tokens
+	h.Note(longA, 0)
+	h.Note(longB, 0)
+	h.Place(homeFleet(x, poolHolding(2, tokens), 0, 0), 0)
+	if got := movedOf(h); got != 0 {
+		t.Errorf("two shared prompts with long questions on a worker holding both: %d moved, want 0", got)
+	}
+	// Prompts whose shape says nothing of sharing count from their second request.
+	h = NewHomes()
+	a.SharedBlocks, b.SharedBlocks = 0, 0
+	h.Note(a, 0)
+	h.Note(b, 0)
+	h.Place(ws, 0)
+	if got := movedOf(h); got != 0 {
+		t.Errorf("two one-off prompts: %d moved, want 0", got)
+	}
+	h.Note(a, 1)
+	h.Note(b, 1)
+	h.Place(ws, 1)
+	if got := movedOf(h); got != 1 {
+		t.Errorf("two prompts sent twice on a worker holding one: %d moved, want 1", got)
+	}
+}
+
+// Choose sends a key the placement moved to the worker it names, while that worker is within the
+// bound; past it, the key goes back to its order.
+func TestChooseFollowsThePlacedHome(t *testing.T) {
+	x := NewIndex(0)
+	f := newFleet(x, 3)
+	key := prefixKey(11, 8)
+	first := firstInOrder(key, f.workers)
+	placed := (first + 1) % 3
+	key.Home = f.workers[placed].ID
+	if got := x.Choose(key, f, 0); got.Index != placed {
+		t.Fatalf("placed at %d (first in order %d): chose %d", placed, first, got.Index)
+	}
+	f.inflight[placed] = 40 // far over the mean plus BalanceSlack
+	if got := x.Choose(key, f, 0); got.Index == placed {
+		t.Errorf("placed worker over the bound: chose it")
+	}
+}
+
+// poolHolding is the smallest KV pool whose budget holds n prompts of tokens each.
+func poolHolding(n, tokens int64) int64 { return int64(math.Ceil(float64(n*tokens) / HomeBudget)) }
