@@ -11,7 +11,7 @@ import (
 // Homes moves keys off their first worker in rendezvous order when that worker is home to more
 // prompts than its cache holds. Rendezvous spreads a few keys lumpily: 32 shared prefixes over three
 // workers weighted 1:2:4 once gave the 2x worker 17 where its weight's share is 9 and its cache holds
-// 15, and its hit rate fell to 0.82 of the ideal. Placement is a pure function of the keys seen lately,
+// about 15, and its hit rate fell to 0.82 of the ideal. Placement is a pure function of the keys seen lately,
 // their sizes and the fleet, so Caddy instances that see the same traffic place keys alike.
 type Homes struct {
 	mu   sync.Mutex
@@ -29,10 +29,6 @@ type homeKey struct {
 	// shared (Key.SharedBlocks). A one-off prompt takes no budget.
 	reused bool
 }
-
-// HomeBudget is the share of a worker's KV pool that the prompts homed there may fill: the rest is
-// for what its running requests decode.
-const HomeBudget = 0.75
 
 // HomeKeyTTL is how long, in milliseconds, a key counts towards its home's budget after its latest
 // request.
@@ -86,14 +82,29 @@ type HomeWorker struct {
 	Worker Worker
 	// Weight is its weight in the rendezvous order (Candidates.Weight).
 	Weight float64
-	// Pool is its KV pool in tokens, 0 if unknown: it takes keys within HomeBudget of it.
-	Pool int64
+	// Budget is how many tokens of the prompts homed there its cache holds (HomeBudget); 0 if unknown,
+	// which bounds nothing.
+	Budget float64
+}
+
+// HomeBudget is how many tokens of the prompts homed on a worker its cache holds: its KV pool (pool
+// tokens) less what a full batch (batchCap requests) holds of its own, perRequest tokens each (the
+// part of its prompt it shares with none, and its output); at least a quarter of the pool, and three
+// quarters where the batch cap is unknown. 0 for an unknown pool.
+func HomeBudget(pool, batchCap int64, perRequest float64) float64 {
+	if pool <= 0 {
+		return 0
+	}
+	if batchCap <= 0 {
+		return 0.75 * float64(pool)
+	}
+	return max(float64(pool)-float64(batchCap)*max(perRequest, 0), 0.25*float64(pool))
 }
 
 // Place places the keys seen within HomeKeyTTL of now on workers: in order of their rendezvous scores,
 // highest first over every key and worker, a key goes to the worker where it scores highest among
 // those whose budget still holds its prompt. A key that fits none of its first MaxPriced workers stays
-// at its first, as does every key when no worker's pool is known.
+// at its first, as does every key when no worker's budget is known.
 func (h *Homes) Place(workers []HomeWorker, now int64) {
 	h.placing.Lock()
 	defer h.placing.Unlock()
@@ -147,8 +158,8 @@ func place(keys []placedKey, workers []HomeWorker) map[uint64]uint32 {
 	budget := make([]float64, len(workers))
 	known := false
 	for j, w := range workers {
-		if w.Worker.ID != 0 && w.Pool > 0 {
-			budget[j], known = HomeBudget*float64(w.Pool), true
+		if w.Worker.ID != 0 && w.Budget > 0 {
+			budget[j], known = w.Budget, true
 		}
 	}
 	if !known || len(keys) == 0 {
@@ -189,7 +200,7 @@ func place(keys []placedKey, workers []HomeWorker) map[uint64]uint32 {
 	placed := make([]bool, len(keys))
 	for _, o := range offers {
 		tokens := float64(keys[o.key].tokens)
-		if placed[o.key] || workers[o.worker].Pool > 0 && budget[o.worker] < tokens {
+		if placed[o.key] || workers[o.worker].Budget > 0 && budget[o.worker] < tokens {
 			continue
 		}
 		placed[o.key] = true

@@ -7,11 +7,11 @@ import (
 	"testing"
 )
 
-// homeFleet is three workers weighted 1:2:4, the benchmark's fleet, with pools of the given sizes.
-func homeFleet(x *Index, pools ...int64) []HomeWorker {
-	ws := make([]HomeWorker, len(pools))
+// homeFleet is three workers weighted 1:2:4, the benchmark's fleet, with the given budgets in tokens.
+func homeFleet(x *Index, budgets ...float64) []HomeWorker {
+	ws := make([]HomeWorker, len(budgets))
 	for i := range ws {
-		ws[i] = HomeWorker{Worker: x.Worker(fmt.Sprintf("127.0.0.1:%d", 20390+i)), Weight: float64(int(16) << i), Pool: pools[i]}
+		ws[i] = HomeWorker{Worker: x.Worker(fmt.Sprintf("127.0.0.1:%d", 20390+i)), Weight: float64(int(16) << i), Budget: budgets[i]}
 	}
 	return ws
 }
@@ -53,8 +53,8 @@ func sharedPrefixKeys(n int, tokens int64) []Key {
 // that rank another worker first stay where they are.
 func TestPlaceMovesTheLowestScoringKeysOffAFullWorker(t *testing.T) {
 	x := NewIndex(0)
-	const tokens = 2176
-	ws := homeFleet(x, poolHolding(2, tokens), 0, 0) // worker 0 holds two keys
+	const tokens = 2176.0
+	ws := homeFleet(x, 2*tokens, 0, 0) // worker 0 holds two keys
 	keys := sharedPrefixKeys(64, tokens)
 	h := NewHomes()
 	var atFirst []Key // keys that rank worker 0 first
@@ -95,7 +95,7 @@ func TestPlaceMovesTheLowestScoringKeysOffAFullWorker(t *testing.T) {
 // and at other times within the TTL place them alike.
 func TestPlaceIsOrderFree(t *testing.T) {
 	x := NewIndex(0)
-	ws := homeFleet(x, 16384, 32768, 65536)
+	ws := homeFleet(x, 12288, 24576, 49152)
 	keys := sharedPrefixKeys(48, 2176)
 	placements := make([]*Homes, 3)
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -119,7 +119,7 @@ func TestPlaceIsOrderFree(t *testing.T) {
 		}
 	}
 	if moved == 0 {
-		t.Fatal("48 keys of 2,176 tokens on pools of 16k, 32k and 64k moved none: the test places nothing")
+		t.Fatal("48 keys of 2,176 tokens on budgets of 12k, 24k and 48k moved none: the test places nothing")
 	}
 }
 
@@ -129,19 +129,19 @@ func TestPlaceKeepsKeysFirstWithRoomOrNoPools(t *testing.T) {
 	x := NewIndex(0)
 	for _, c := range []struct {
 		name   string
-		pools  []int64
-		tokens int64
+		budgets []float64
+		tokens  int64
 	}{
-		{"room for all", []int64{1 << 20, 1 << 21, 1 << 22}, 2176},
-		{"no pool known", []int64{0, 0, 0}, 2176},
-		{"fits nowhere", []int64{1000, 2000, 4000}, 8192},
+		{"room for all", []float64{1 << 20, 1 << 21, 1 << 22}, 2176},
+		{"no budget known", []float64{0, 0, 0}, 2176},
+		{"fits nowhere", []float64{1000, 2000, 4000}, 8192},
 	} {
 		h := NewHomes()
 		keys := sharedPrefixKeys(32, c.tokens)
 		for _, k := range keys {
 			h.Note(k, 0)
 		}
-		h.Place(homeFleet(x, c.pools...), 0)
+		h.Place(homeFleet(x, c.budgets...), 0)
 		for _, k := range keys {
 			if got := h.Of(k); got != 0 {
 				t.Errorf("%s: a key moved to worker ID %d", c.name, got)
@@ -155,8 +155,8 @@ func TestPlaceKeepsKeysFirstWithRoomOrNoPools(t *testing.T) {
 // they follow their cache.
 func TestHomesCountRecentSharedKeysOnly(t *testing.T) {
 	x := NewIndex(0)
-	const tokens = 2176
-	ws := homeFleet(x, poolHolding(1, tokens), 0, 0) // worker 0 holds one key
+	const tokens = 2176.0
+	ws := homeFleet(x, tokens, 0, 0) // worker 0 holds one key
 	keys := sharedPrefixKeys(64, tokens)
 	var first []Key
 	for _, k := range keys {
@@ -204,7 +204,7 @@ func TestHomesCountRecentSharedKeysOnly(t *testing.T) {
 	longA.PromptTokens, longB.PromptTokens = 3*tokens, 3*tokens
 	h.Note(longA, 0)
 	h.Note(longB, 0)
-	h.Place(homeFleet(x, poolHolding(2, tokens), 0, 0), 0)
+	h.Place(homeFleet(x, 2*tokens, 0, 0), 0)
 	if got := movedOf(h); got != 0 {
 		t.Errorf("two shared prompts with long questions on a worker holding both: %d moved, want 0", got)
 	}
@@ -243,5 +243,23 @@ func TestChooseFollowsThePlacedHome(t *testing.T) {
 	}
 }
 
-// poolHolding is the smallest KV pool whose budget holds n prompts of tokens each.
-func poolHolding(n, tokens int64) int64 { return int64(math.Ceil(float64(n*tokens) / HomeBudget)) }
+// A worker's budget is its pool less a full batch's own tokens, within a quarter of the pool; three
+// quarters of the pool without a batch cap; nothing without a pool.
+func TestHomeBudget(t *testing.T) {
+	for _, c := range []struct {
+		pool, batchCap int64
+		perRequest     float64
+		want           float64
+	}{
+		{16384, 16, 400, 16384 - 16*400},
+		{65536, 64, 384, 65536 - 64*384},
+		{16384, 64, 400, 4096}, // a full batch would take the whole pool
+		{16384, 0, 400, 12288},
+		{0, 16, 400, 0},
+		{16384, 16, -5, 16384},
+	} {
+		if got := HomeBudget(c.pool, c.batchCap, c.perRequest); got != c.want {
+			t.Errorf("HomeBudget(%d, %d, %v) = %v, want %v", c.pool, c.batchCap, c.perRequest, got, c.want)
+		}
+	}
+}

@@ -13,8 +13,8 @@ import (
 )
 
 // With affinity prefix, Select places the prompts it has seen within each worker's KV pool: once a
-// placement has run, the system prompts that the placement moved off the small-pool worker, which
-// holds one of them, are sent where it moved them.
+// placement has run, the system prompts that the placement moved off the small-pool worker are sent
+// where it moved them.
 func TestSelectSendsCrowdedPromptsToTheirPlacedHome(t *testing.T) {
 	pool := make(reverseproxy.UpstreamPool, 3)
 	for i := range pool {
@@ -22,7 +22,7 @@ func TestSelectSendsCrowdedPromptsToTheirPlacedHome(t *testing.T) {
 	}
 	const all = loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldUsedTokens |
 		loadpolicy.FieldMaxTotalTokens | loadpolicy.FieldMaxRunning | loadpolicy.FieldGenThroughput
-	kvPool := []int64{4096, 1 << 20, 1 << 20} // worker 0's holds one of the prompts below
+	kvPool := []int64{4096, 1 << 20, 1 << 20} // worker 0's budget, a quarter of it, holds none of the prompts below
 	p := &Policy{Metric: "cost", Affinity: affinityPrefix}
 	err := ProvisionWithReports(p, pool, func(i int) *loadpolicy.Report {
 		return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{{Running: 1, MaxTotalTokens: kvPool[i], MaxRunning: 64,
