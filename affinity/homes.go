@@ -19,7 +19,17 @@ type Homes struct {
 
 	placing sync.Mutex
 	due     atomic.Int64 // Unix milliseconds of the next placement
-	moved   atomic.Pointer[map[uint64]uint32]
+	placed  atomic.Pointer[placement]
+}
+
+// placement is a placement of keys on workers.
+type placement struct {
+	// homes holds every key placed: the ID of the worker it moved to, 0 if it stays at its first.
+	homes   map[uint64]uint32
+	workers []HomeWorker
+	// left is each worker's budget left; cutoff, of a worker that turned a key away, the least score
+	// of a key it took: a key scoring more there would have taken its place.
+	left, cutoff []float64
 }
 
 type homeKey struct {
@@ -47,27 +57,71 @@ func NewHomes() *Homes { return &Homes{seen: make(map[uint64]homeKey)} }
 // second request, or its first if shared. A key that continues a conversation is not noted: it
 // follows where its earlier turns are cached.
 func (h *Homes) Note(key Key, now int64) {
-	if len(key.Blocks) == 0 || key.Continues || key.Session || key.PromptTokens <= 0 {
+	tokens, ok := homeTokens(&key)
+	if !ok {
 		return
 	}
-	k, tokens := key.rendezvousKey(), key.PromptTokens
-	if key.SharedBlocks > 0 {
-		// What its requests share, the same in each: instances that saw different ones weigh it alike.
-		tokens = min(tokens, int64(key.SharedBlocks)*key.BlockTokens)
-	}
+	k := key.rendezvousKey()
 	h.mu.Lock()
 	_, again := h.seen[k]
 	h.seen[k] = homeKey{tokens: tokens, last: now, reused: again || key.SharedBlocks > 0}
 	h.mu.Unlock()
 }
 
-// Of is the worker (its ID) the latest placement moved key to, 0 if it stays at its first.
+// homeTokens is what key's home caches of it, and whether a placement weighs it at all.
+func homeTokens(key *Key) (int64, bool) {
+	if len(key.Blocks) == 0 || key.Continues || key.Session || key.PromptTokens <= 0 {
+		return 0, false
+	}
+	if key.SharedBlocks > 0 {
+		// What its requests share, the same in each: instances that saw different ones weigh it alike.
+		return min(key.PromptTokens, int64(key.SharedBlocks)*key.BlockTokens), true
+	}
+	return key.PromptTokens, true
+}
+
+// Of is the worker (its ID) the latest placement moved key to, 0 if it stays at its first. A shared
+// key that the placement has not seen (another instance sent its earlier requests) goes where the
+// placement would have put it: the first worker in its order with room for it, or that it outscores
+// a key of.
 func (h *Homes) Of(key Key) uint32 {
-	m := h.moved.Load()
-	if m == nil || len(key.Blocks) == 0 {
+	pl := h.placed.Load()
+	if pl == nil || len(key.Blocks) == 0 {
 		return 0
 	}
-	return (*m)[key.rendezvousKey()]
+	k := key.rendezvousKey()
+	if id, ok := pl.homes[k]; ok || key.SharedBlocks == 0 {
+		return id
+	}
+	tokens, ok := homeTokens(&key)
+	if !ok {
+		return 0
+	}
+	top := orderOf(k, pl.workers)
+	for j, r := range top.r[:top.n] {
+		w := r.i
+		if pl.workers[w].Pool <= 0 || pl.left[w] >= float64(tokens) || r.weight/-math.Log(r.u) > pl.cutoff[w] {
+			if j == 0 {
+				return 0
+			}
+			return pl.workers[w].Worker.ID
+		}
+	}
+	return 0
+}
+
+// orderOf is the first MaxPriced workers in key's weighted rendezvous order.
+func orderOf(key uint64, workers []HomeWorker) *rendezvousTop {
+	top := new(rendezvousTop)
+	for j, w := range workers {
+		if w.Worker.ID == 0 {
+			continue
+		}
+		if weight, u := positive(w.Weight), uniform(key, w.Worker.Hash); !top.turnsAway(weight, u) {
+			top.offer(ranked{i: j, weight: weight, u: u})
+		}
+	}
+	return top
 }
 
 // Due says whether a placement is due at now (Unix milliseconds), and if so claims it: one caller in
@@ -82,35 +136,26 @@ type HomeWorker struct {
 	Worker Worker
 	// Weight is its weight in the rendezvous order (Candidates.Weight).
 	Weight float64
-	// Budget is how many tokens of the prompts homed there its cache holds (HomeBudget); 0 if unknown,
-	// which bounds nothing.
-	Budget float64
+	// Pool is its KV pool in tokens, 0 if unknown: the prompts homed there fill at most HomeShare of
+	// it. An unknown pool bounds nothing.
+	Pool int64
 }
 
-// HomeBudget is how many tokens of the prompts homed on a worker its cache holds: its KV pool (pool
-// tokens) less what a full batch (batchCap requests) holds of its own, perRequest tokens each (the
-// part of its prompt it shares with none, and its output); at least a quarter of the pool, and three
-// quarters where the batch cap is unknown. 0 for an unknown pool.
-func HomeBudget(pool, batchCap int64, perRequest float64) float64 {
-	if pool <= 0 {
-		return 0
-	}
-	if batchCap <= 0 {
-		return 0.75 * float64(pool)
-	}
-	return max(float64(pool)-float64(batchCap)*max(perRequest, 0), 0.25*float64(pool))
-}
+// HomeShare is the share of a worker's KV pool that the prompts homed there may fill; the rest is for
+// what its running requests hold of their own. It is fixed, not estimated from the mean request
+// sizes that each instance measures for itself: budgets that moved with those means put the keys at
+// the edge of a budget on different workers in different instances. At 5/8, a 16,384-token pool homes
+// five 2,048-token system prompts and keeps room for 16 requests of 384 tokens of their own.
+const HomeShare = 0.625
 
 // Place places the keys seen within HomeKeyTTL of now on workers: in order of their rendezvous scores,
 // highest first over every key and worker, a key goes to the worker where it scores highest among
 // those whose budget still holds its prompt. A key that fits none of its first MaxPriced workers stays
-// at its first, as does every key when no worker's budget is known.
+// at its first, as does every key when no worker's pool is known.
 func (h *Homes) Place(workers []HomeWorker, now int64) {
 	h.placing.Lock()
 	defer h.placing.Unlock()
-	keys := h.recent(now)
-	moved := place(keys, workers)
-	h.moved.Store(&moved)
+	h.placed.Store(place(h.recent(now), workers))
 }
 
 type placedKey struct {
@@ -151,19 +196,19 @@ func (h *Homes) recent(now int64) []placedKey {
 	return keys
 }
 
-// place is Place's placement of keys: the keys moved off their first worker, by the ID of the worker
-// they moved to.
-func place(keys []placedKey, workers []HomeWorker) map[uint64]uint32 {
-	moved := make(map[uint64]uint32)
-	budget := make([]float64, len(workers))
+// place is Place's placement of keys on workers.
+func place(keys []placedKey, workers []HomeWorker) *placement {
+	pl := &placement{homes: make(map[uint64]uint32, len(keys)), workers: workers,
+		left: make([]float64, len(workers)), cutoff: make([]float64, len(workers))}
+	budget := pl.left
 	known := false
 	for j, w := range workers {
-		if w.Worker.ID != 0 && w.Budget > 0 {
-			budget[j], known = w.Budget, true
+		if w.Worker.ID != 0 && w.Pool > 0 {
+			budget[j], known = HomeShare*float64(w.Pool), true
 		}
 	}
 	if !known || len(keys) == 0 {
-		return moved
+		return nil
 	}
 	// Each key offers its first MaxPriced workers, as Choose's order has them.
 	type offer struct {
@@ -173,15 +218,7 @@ func place(keys []placedKey, workers []HomeWorker) map[uint64]uint32 {
 	offers := make([]offer, 0, len(keys)*min(len(workers), MaxPriced))
 	first := make([]int, len(keys))
 	for i, k := range keys {
-		var top rendezvousTop
-		for j, w := range workers {
-			if w.Worker.ID == 0 {
-				continue
-			}
-			if weight, u := positive(w.Weight), uniform(k.key, w.Worker.Hash); !top.turnsAway(weight, u) {
-				top.offer(ranked{i: j, weight: weight, u: u})
-			}
-		}
+		top := orderOf(k.key, workers)
 		first[i] = -1
 		if top.n > 0 {
 			first[i] = top.r[0].i
@@ -198,16 +235,30 @@ func place(keys []placedKey, workers []HomeWorker) map[uint64]uint32 {
 		return cmp.Or(cmp.Compare(keys[a.key].key, keys[b.key].key), cmp.Compare(a.worker, b.worker))
 	})
 	placed := make([]bool, len(keys))
+	least := make([]float64, len(workers)) // the least score each worker took
+	full := make([]bool, len(workers))
 	for _, o := range offers {
-		tokens := float64(keys[o.key].tokens)
-		if placed[o.key] || workers[o.worker].Budget > 0 && budget[o.worker] < tokens {
+		k := keys[o.key]
+		if placed[o.key] {
+			continue
+		}
+		if workers[o.worker].Pool > 0 && budget[o.worker] < float64(k.tokens) {
+			full[o.worker] = true
 			continue
 		}
 		placed[o.key] = true
-		budget[o.worker] -= tokens
+		budget[o.worker] -= float64(k.tokens)
+		least[o.worker] = o.score
+		pl.homes[k.key] = 0
 		if o.worker != first[o.key] {
-			moved[keys[o.key].key] = workers[o.worker].Worker.ID
+			pl.homes[k.key] = workers[o.worker].Worker.ID
 		}
 	}
-	return moved
+	for j := range workers {
+		pl.cutoff[j] = math.Inf(1) // room is what counts
+		if full[j] && least[j] > 0 {
+			pl.cutoff[j] = least[j]
+		}
+	}
+	return pl
 }

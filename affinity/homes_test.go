@@ -7,11 +7,13 @@ import (
 	"testing"
 )
 
-// homeFleet is three workers weighted 1:2:4, the benchmark's fleet, with the given budgets in tokens.
+// homeFleet is three workers weighted 1:2:4, the benchmark's fleet, whose budgets hold the given
+// tokens (0: pool unknown).
 func homeFleet(x *Index, budgets ...float64) []HomeWorker {
 	ws := make([]HomeWorker, len(budgets))
 	for i := range ws {
-		ws[i] = HomeWorker{Worker: x.Worker(fmt.Sprintf("127.0.0.1:%d", 20390+i)), Weight: float64(int(16) << i), Budget: budgets[i]}
+		ws[i] = HomeWorker{Worker: x.Worker(fmt.Sprintf("127.0.0.1:%d", 20390+i)), Weight: float64(int(16) << i),
+			Pool: int64(math.Ceil(budgets[i] / HomeShare))}
 	}
 	return ws
 }
@@ -128,7 +130,7 @@ func TestPlaceIsOrderFree(t *testing.T) {
 func TestPlaceKeepsKeysFirstWithRoomOrNoPools(t *testing.T) {
 	x := NewIndex(0)
 	for _, c := range []struct {
-		name   string
+		name    string
 		budgets []float64
 		tokens  int64
 	}{
@@ -243,23 +245,35 @@ func TestChooseFollowsThePlacedHome(t *testing.T) {
 	}
 }
 
-// A worker's budget is its pool less a full batch's own tokens, within a quarter of the pool; three
-// quarters of the pool without a batch cap; nothing without a pool.
-func TestHomeBudget(t *testing.T) {
-	for _, c := range []struct {
-		pool, batchCap int64
-		perRequest     float64
-		want           float64
-	}{
-		{16384, 16, 400, 16384 - 16*400},
-		{65536, 64, 384, 65536 - 64*384},
-		{16384, 64, 400, 4096}, // a full batch would take the whole pool
-		{16384, 0, 400, 12288},
-		{0, 16, 400, 0},
-		{16384, 16, -5, 16384},
-	} {
-		if got := HomeBudget(c.pool, c.batchCap, c.perRequest); got != c.want {
-			t.Errorf("HomeBudget(%d, %d, %v) = %v, want %v", c.pool, c.batchCap, c.perRequest, got, c.want)
+// An instance that has not seen a shared key places it where one that saw it does: each key, left out
+// of a placement of the others, is sent where the placement of all of them put it.
+func TestPlaceOfAnUnseenKey(t *testing.T) {
+	x := NewIndex(0)
+	ws := homeFleet(x, 10240, 20480, 40960)
+	keys := sharedPrefixKeys(40, 2048)
+	all := NewHomes()
+	for _, k := range keys {
+		all.Note(k, 0)
+	}
+	all.Place(ws, 0)
+	moved := 0
+	for i, k := range keys {
+		others := NewHomes()
+		for j, o := range keys {
+			if j != i {
+				others.Note(o, 0)
+			}
 		}
+		others.Place(ws, 0)
+		want := all.Of(k)
+		if want != 0 {
+			moved++
+		}
+		if got := others.Of(k); got != want {
+			t.Errorf("key %d unseen: placed at worker ID %d, where all placed it at %d", i, got, want)
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no key moved: the test places nothing")
 	}
 }

@@ -206,17 +206,15 @@ func (c *affinityCandidates) batchCap(i int, now int64) int64 {
 	return 0
 }
 
-// homeWorkers is the pool as a placement of homes sees it. A request holds of its own what it decodes
-// and the part of its prompt that was not cached.
+// homeWorkers is the pool as a placement of homes sees it.
 func (c *affinityCandidates) homeWorkers() []affinity.HomeWorker {
-	perRequest := c.params.MeanOutputTokens + c.p.meanPrompt.Load()
 	workers := make([]affinity.HomeWorker, len(c.pool))
 	for i := range workers {
 		w := &workers[i]
 		w.Worker, w.Weight = c.Worker(i), c.Weight(i)
 		if ep := c.endpoint(i); ep != nil && w.Worker.ID != 0 {
 			if rep := c.fresh(i, ep); rep != nil {
-				w.Budget = affinity.HomeBudget(rep.MaxTotalTokens, rep.MaxRunning, perRequest)
+				w.Pool = rep.MaxTotalTokens
 			}
 		}
 	}

@@ -22,7 +22,7 @@ func TestSelectSendsCrowdedPromptsToTheirPlacedHome(t *testing.T) {
 	}
 	const all = loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldUsedTokens |
 		loadpolicy.FieldMaxTotalTokens | loadpolicy.FieldMaxRunning | loadpolicy.FieldGenThroughput
-	kvPool := []int64{4096, 1 << 20, 1 << 20} // worker 0's budget, a quarter of it, holds none of the prompts below
+	kvPool := []int64{2048, 1 << 20, 1 << 20} // worker 0's budget holds none of the prompts below
 	p := &Policy{Metric: "cost", Affinity: affinityPrefix}
 	err := ProvisionWithReports(p, pool, func(i int) *loadpolicy.Report {
 		return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{{Running: 1, MaxTotalTokens: kvPool[i], MaxRunning: 64,
