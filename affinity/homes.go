@@ -10,9 +10,9 @@ import (
 
 // Homes moves keys off their first worker in rendezvous order when that worker is home to more
 // prompts than its cache holds. Rendezvous spreads a few keys lumpily: 32 shared prefixes over three
-// workers weighted 1:2:4 once gave the 2x worker 17 where its weight's share is 9 and its cache holds
-// about 15, and its hit rate fell to 0.82 of the ideal. Placement is a pure function of the keys seen lately,
-// their sizes and the fleet, so Caddy instances that see the same traffic place keys alike.
+// workers weighted 1:2:4 once gave the 2x worker 17 where its weight's share is 9 and its pool holds
+// 16, and the hit rate fell to 0.82 of the ideal. Placement is a pure function of the keys seen
+// lately, their sizes and the fleet, so Caddy instances that see the same traffic place keys alike.
 type Homes struct {
 	mu   sync.Mutex
 	seen map[uint64]homeKey // by rendezvous key
@@ -44,7 +44,8 @@ type homeKey struct {
 // request.
 const HomeKeyTTL = 60_000
 
-// MaxHomeKeys bounds the keys a placement weighs: the most recent ones.
+// MaxHomeKeys bounds the keys a placement weighs: the most recent ones. Between placements at most
+// four times as many are noted; a flood of new prompts past that is not.
 const MaxHomeKeys = 4096
 
 // PlaceEvery is how often, in milliseconds, the keys are placed again.
@@ -63,8 +64,9 @@ func (h *Homes) Note(key Key, now int64) {
 	}
 	k := key.rendezvousKey()
 	h.mu.Lock()
-	_, again := h.seen[k]
-	h.seen[k] = homeKey{tokens: tokens, last: now, reused: again || key.SharedBlocks > 0}
+	if _, again := h.seen[k]; again || len(h.seen) < 4*MaxHomeKeys {
+		h.seen[k] = homeKey{tokens: tokens, last: now, reused: again || key.SharedBlocks > 0}
+	}
 	h.mu.Unlock()
 }
 
@@ -111,8 +113,8 @@ func (h *Homes) Of(key Key) uint32 {
 }
 
 // orderOf is the first MaxPriced workers in key's weighted rendezvous order.
-func orderOf(key uint64, workers []HomeWorker) *rendezvousTop {
-	top := new(rendezvousTop)
+func orderOf(key uint64, workers []HomeWorker) rendezvousTop {
+	var top rendezvousTop
 	for j, w := range workers {
 		if w.Worker.ID == 0 {
 			continue

@@ -277,3 +277,24 @@ func TestPlaceOfAnUnseenKey(t *testing.T) {
 		t.Fatal("no key moved: the test places nothing")
 	}
 }
+
+// Between placements at most 4 × MaxHomeKeys keys are noted, and a placement keeps the MaxHomeKeys
+// most recent.
+func TestHomesBoundTheKeysNoted(t *testing.T) {
+	h := NewHomes()
+	for i := range 4*MaxHomeKeys + 100 {
+		h.Note(prefixKey(uint64(i), 4), int64(i))
+	}
+	if got := len(h.seen); got != 4*MaxHomeKeys {
+		t.Fatalf("%d keys noted of %d, want %d", got, 4*MaxHomeKeys+100, 4*MaxHomeKeys)
+	}
+	h.Place(homeFleet(NewIndex(0), 1<<20, 1<<20, 1<<20), 4*MaxHomeKeys)
+	if got := len(h.seen); got != MaxHomeKeys {
+		t.Fatalf("%d keys kept by a placement, want %d", got, MaxHomeKeys)
+	}
+	for k, v := range h.seen {
+		if v.last < 3*MaxHomeKeys {
+			t.Fatalf("kept key %x noted at %d, not among the %d most recent", k, v.last, MaxHomeKeys)
+		}
+	}
+}
