@@ -131,7 +131,7 @@ type Choice struct {
 // is credited with the known depth: crediting every worker the index names would keep a prefix that
 // went elsewhere once on two workers, and the fastest would collect copies of all of them. Caddy
 // instances that share nothing agree on the home, from the key, the candidates' names, weights and
-// loads. A conversation (a key that Continues) is the exception: its first turn, priced as a one-off
+// loads, and the keys they saw lately. A conversation (a key that Continues) is the exception: its first turn, priced as a one-off
 // prompt, may have gone elsewhere, and where this index knows a worker within the bound that holds
 // more of the key than its home, that worker takes the home's place, while this index knows the key's
 // PreviousBlocks; where it knows less, another instance sent the previous turn, and the conversation is
