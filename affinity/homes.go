@@ -30,6 +30,22 @@ type placement struct {
 	// left is each worker's budget left; cutoff, of a worker that turned a key away, the least score
 	// of a key it took: a key scoring more there would have taken its place.
 	left, cutoff []float64
+	// keys is how many keys each worker is home to, placed there or staying there for want of room.
+	keys []int
+}
+
+// Keys is how many of the keys seen lately the latest placement makes w home to.
+func (h *Homes) Keys(w Worker) int {
+	pl := h.placed.Load()
+	if pl == nil {
+		return 0
+	}
+	for j, hw := range pl.workers {
+		if hw.Worker.ID == w.ID && w.ID != 0 {
+			return pl.keys[j]
+		}
+	}
+	return 0
 }
 
 type homeKey struct {
@@ -201,16 +217,12 @@ func (h *Homes) recent(now int64) []placedKey {
 // place is Place's placement of keys on workers.
 func place(keys []placedKey, workers []HomeWorker) *placement {
 	pl := &placement{homes: make(map[uint64]uint32, len(keys)), workers: workers,
-		left: make([]float64, len(workers)), cutoff: make([]float64, len(workers))}
+		left: make([]float64, len(workers)), cutoff: make([]float64, len(workers)), keys: make([]int, len(workers))}
 	budget := pl.left
-	known := false
 	for j, w := range workers {
 		if w.Worker.ID != 0 && w.Pool > 0 {
-			budget[j], known = HomeShare*float64(w.Pool), true
+			budget[j] = HomeShare * float64(w.Pool)
 		}
-	}
-	if !known || len(keys) == 0 {
-		return nil
 	}
 	// Each key offers its first MaxPriced workers, as Choose's order has them.
 	type offer struct {
@@ -249,11 +261,17 @@ func place(keys []placedKey, workers []HomeWorker) *placement {
 			continue
 		}
 		placed[o.key] = true
+		pl.keys[o.worker]++
 		budget[o.worker] -= float64(k.tokens)
 		least[o.worker] = o.score
 		pl.homes[k.key] = 0
 		if o.worker != first[o.key] {
 			pl.homes[k.key] = workers[o.worker].Worker.ID
+		}
+	}
+	for i, ok := range placed {
+		if !ok && first[i] >= 0 {
+			pl.keys[first[i]]++
 		}
 	}
 	for j := range workers {

@@ -79,6 +79,12 @@ func TestPlaceMovesTheLowestScoringKeysOffAFullWorker(t *testing.T) {
 			top[1] = s
 		}
 	}
+	if got := h.Keys(ws[0].Worker); got != 2 {
+		t.Errorf("worker 0 home to %d keys, want the 2 its budget holds", got)
+	}
+	if got := h.Keys(ws[0].Worker) + h.Keys(ws[1].Worker) + h.Keys(ws[2].Worker); got != len(keys) {
+		t.Errorf("the workers are home to %d keys in all, want %d", got, len(keys))
+	}
 	for _, k := range keys {
 		order := byScore(k, ws)
 		got := h.Of(k)
@@ -148,6 +154,10 @@ func TestPlaceKeepsKeysFirstWithRoomOrNoPools(t *testing.T) {
 			if got := h.Of(k); got != 0 {
 				t.Errorf("%s: a key moved to worker ID %d", c.name, got)
 			}
+		}
+		ws := homeFleet(x, c.budgets...)
+		if n := h.Keys(ws[0].Worker) + h.Keys(ws[1].Worker) + h.Keys(ws[2].Worker); n != len(keys) {
+			t.Errorf("%s: the workers are home to %d keys in all, want %d", c.name, n, len(keys))
 		}
 	}
 }

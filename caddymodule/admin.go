@@ -136,8 +136,11 @@ type workerView struct {
 	Inflight int64      `json:"inflight"` // the proxy's requests in flight to the upstream now
 	Score    *scoreView `json:"score"`    // null when the policy has no usable load for it
 	// AffinityBlocks is how many prompt blocks the affinity indexes remember sending to this worker
-	// (64 tokens each); absent when no policy with affinity knows the worker.
-	AffinityBlocks *int64 `json:"affinity_blocks,omitempty"`
+	// (64 tokens each), and AffinityHomeKeys how many of the shared prompts seen in the last minute the
+	// policies' latest placements make it home to; both absent when no policy with affinity knows the
+	// worker.
+	AffinityBlocks   *int64 `json:"affinity_blocks,omitempty"`
+	AffinityHomeKeys *int64 `json:"affinity_home_keys,omitempty"`
 }
 
 type reportView struct {
@@ -229,8 +232,8 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 	if h := ep.host.Load(); h != nil {
 		v.Inflight = int64(h.NumRequests())
 	}
-	if n, ok := ep.affinityBlocks(); ok {
-		v.AffinityBlocks = &n
+	if blocks, homeKeys, ok := ep.affinityBlocks(); ok {
+		v.AffinityBlocks, v.AffinityHomeKeys = &blocks, &homeKeys
 	}
 	if snap == nil {
 		return v

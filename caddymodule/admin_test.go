@@ -59,6 +59,8 @@ type worker struct {
 		DecodeAlone *float64           `json:"decode_alone_tokens_per_sec"`
 		Senders     *float64           `json:"senders"`
 	} `json:"score"`
+	AffinityBlocks   *int64 `json:"affinity_blocks"`
+	AffinityHomeKeys *int64 `json:"affinity_home_keys"`
 }
 
 // adminDo sends a request to the admin API and returns the status and the body.
@@ -322,6 +324,64 @@ func TestAdminRefreshAndMethods(t *testing.T) {
 			t.Errorf("%s %s: status %d, Allow %q, JSON error %q (%v); want 405, %s and an error",
 				tc.method, tc.path, resp.StatusCode, resp.Header.Get("Allow"), e.Error, err, tc.allow)
 		}
+	}
+}
+
+// With affinity prefix, the admin view shows per worker the blocks the index remembers sending there
+// and how many of the system prompts seen lately the latest placement makes it home to: each prompt
+// sent is home to one worker.
+func TestAdminShowsAffinityPerWorker(t *testing.T) {
+	a, b := newTestWorker(t, "a", 0.1, 0), newTestWorker(t, "b", 0.1, 0)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(fmt.Sprintf(`{
+	admin localhost:2999
+	http_port 9080
+	skip_install_trust
+}
+http://127.0.0.1:9080 {
+	reverse_proxy %s %s {
+		lb_policy sglang_load {
+			interval 100ms
+			affinity prefix
+		}
+	}
+}
+`, a.addr(), b.addr()), "caddyfile")
+	waitWorkers(t, 10*time.Second, "both workers polled", polledOK, a, b)
+	const prompts = 6
+	send := func(i int) {
+		system := strings.Repeat(fmt.Sprintf("You are assistant %d; answer briefly. ", i), 60)
+		body := `{"messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"hi"}]}`
+		resp, err := http.Post("http://127.0.0.1:9080/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("prompt %d: status %d", i, resp.StatusCode)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for i := range prompts { // a placement runs in a Select once a second
+			send(i)
+		}
+		var blocks, homeKeys int64
+		view := workers(t)
+		for addr, w := range view {
+			if w.AffinityBlocks == nil || w.AffinityHomeKeys == nil {
+				t.Fatalf("%s: affinity_blocks %v, affinity_home_keys %v; want both", addr, ptr(w.AffinityBlocks), ptr(w.AffinityHomeKeys))
+			}
+			blocks += *w.AffinityBlocks
+			homeKeys += *w.AffinityHomeKeys
+		}
+		if blocks > 0 && homeKeys == prompts {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10 s: %d blocks, %d home keys over the workers; want some blocks and %d keys", blocks, homeKeys, prompts)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

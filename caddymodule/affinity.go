@@ -315,7 +315,7 @@ func (p *Policy) workerOf(dial string) affinity.Worker {
 	next[dial] = w
 	p.workers.Store(&next)
 	if ep := (*p.endpoints.Load())[dial]; ep != nil {
-		ep.indexed(p.affinityIndex, w)
+		ep.indexed(p.affinityIndex, p.homes, w)
 	}
 	return w
 }

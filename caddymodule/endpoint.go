@@ -205,26 +205,27 @@ func (ep *endpoint) publishFleetsLocked() {
 
 type indexedWorker struct {
 	index  *affinity.Index
+	homes  *affinity.Homes
 	worker affinity.Worker
 }
 
-// indexed notes that an affinity index knows the upstream as w.
-func (ep *endpoint) indexed(x *affinity.Index, w affinity.Worker) {
+// indexed notes that an affinity index, whose keys homes places, knows the upstream as w.
+func (ep *endpoint) indexed(x *affinity.Index, homes *affinity.Homes, w affinity.Worker) {
 	ep.affinityMu.Lock()
 	defer ep.affinityMu.Unlock()
-	ep.affinity = append(ep.affinity, indexedWorker{x, w})
+	ep.affinity = append(ep.affinity, indexedWorker{x, homes, w})
 }
 
-// affinityBlocks is how many prompt blocks the affinity indexes hold for this upstream, and whether any
-// index knows it.
-func (ep *endpoint) affinityBlocks() (int64, bool) {
+// affinityBlocks is how many prompt blocks the affinity indexes hold for this upstream and how many
+// keys their placements make it home to, and whether any index knows it.
+func (ep *endpoint) affinityBlocks() (blocks, homeKeys int64, ok bool) {
 	ep.affinityMu.Lock()
 	defer ep.affinityMu.Unlock()
-	var n int64
 	for _, iw := range ep.affinity {
-		n += iw.index.Blocks(iw.worker)
+		blocks += iw.index.Blocks(iw.worker)
+		homeKeys += int64(iw.homes.Keys(iw.worker))
 	}
-	return n, len(ep.affinity) > 0
+	return blocks, homeKeys, len(ep.affinity) > 0
 }
 
 func (ep *endpoint) sentTotals() loadpolicy.SentTotals {
