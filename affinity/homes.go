@@ -218,10 +218,9 @@ func (h *Homes) recent(now int64) []placedKey {
 func place(keys []placedKey, workers []HomeWorker) *placement {
 	pl := &placement{homes: make(map[uint64]uint32, len(keys)), workers: workers,
 		left: make([]float64, len(workers)), cutoff: make([]float64, len(workers)), keys: make([]int, len(workers))}
-	budget := pl.left
 	for j, w := range workers {
 		if w.Worker.ID != 0 && w.Pool > 0 {
-			budget[j] = HomeShare * float64(w.Pool)
+			pl.left[j] = HomeShare * float64(w.Pool)
 		}
 	}
 	// Each key offers its first MaxPriced workers, as Choose's order has them.
@@ -256,13 +255,13 @@ func place(keys []placedKey, workers []HomeWorker) *placement {
 		if placed[o.key] {
 			continue
 		}
-		if workers[o.worker].Pool > 0 && budget[o.worker] < float64(k.tokens) {
+		if workers[o.worker].Pool > 0 && pl.left[o.worker] < float64(k.tokens) {
 			full[o.worker] = true
 			continue
 		}
 		placed[o.key] = true
 		pl.keys[o.worker]++
-		budget[o.worker] -= float64(k.tokens)
+		pl.left[o.worker] -= float64(k.tokens)
 		least[o.worker] = o.score
 		pl.homes[k.key] = 0
 		if o.worker != first[o.key] {
