@@ -467,10 +467,14 @@ func (w *workload) aloneSpeed(p *CostParams) float64 {
 // where either is unknown.
 func (w *workload) fleetSpeed(p *CostParams) float64 {
 	if w.prefillOK && p.DecodePerPrefill > 0 {
-		return w.prefill / float64(max(w.ranks, 1)) * p.DecodePerPrefill
+		return w.prefillPerRank() * p.DecodePerPrefill
 	}
 	return 0
 }
+
+// prefillPerRank is the worker's measured prefill speed on one data-parallel rank, where a request
+// prefills.
+func (w *workload) prefillPerRank() float64 { return w.prefill / float64(max(w.ranks, 1)) }
 
 // fleetReadings is how many readings of a lone request the fleet's decode to prefill ratio counts for
 // in a worker's speed alone. A worker busy with a batch of 20, polled every 10 s, holds some 115 in
@@ -506,7 +510,7 @@ func (f *FleetDecode) Add(r *Report) {
 		f.last = r.Received
 	}
 	f.gen += w.readGen
-	f.batchPrefill += w.readBatch * w.prefill / float64(max(w.ranks, 1))
+	f.batchPrefill += w.readBatch * w.prefillPerRank()
 }
 
 // PerPrefill is the fleet's decode speed alone over prefill speed per rank, 0 before a reading.
