@@ -127,12 +127,12 @@ type Choice struct {
 // A key known to be shared goes to its home unless load says otherwise. The home is the first worker
 // within the bound in the weighted rendezvous order of the key's first RendezvousBlocks blocks (a
 // worker's share of keys in proportion to its Weight, so each cache holds what fits there), or the
-// worker a placement moved the key to (Key.Home, see Homes) while that one is within the bound. It alone
-// is credited with the known depth: crediting every worker the index names would keep a prefix that
-// went elsewhere once on two workers, and the fastest would collect copies of all of them. Caddy
+// worker a placement moved the key to (Key.Home, see Homes) while that one is within the bound. It
+// alone is credited with the known depth: crediting every worker the index names would keep a prefix
+// that went elsewhere once on two workers, and the fastest would collect copies of all of them. Caddy
 // instances that share nothing agree on the home, from the key, the candidates' names, weights and
-// loads, and the keys they saw lately. A conversation (a key that Continues) is the exception: its first turn, priced as a one-off
-// prompt, may have gone elsewhere, and where this index knows a worker within the bound that holds
+// loads, and the keys they saw lately. A conversation (a key that Continues) is the exception: its
+// first turn, priced as a one-off prompt, may have gone elsewhere, and where this index knows a worker within the bound that holds
 // more of the key than its home, that worker takes the home's place, while this index knows the key's
 // PreviousBlocks; where it knows less, another instance sent the previous turn, and the conversation is
 // priced as one this index has not seen. Candidates are compared by
@@ -326,6 +326,10 @@ type ranked struct {
 	key          float64 // what the order sorts by, the higher the earlier: see rendezvousTop
 }
 
+// score is the candidate's weighted rendezvous score, weight / -ln(u): the higher, the earlier in the
+// key's order.
+func (r *ranked) score() float64 { return r.weight / -math.Log(r.u) }
+
 // rendezvousTop keeps the first MaxPriced candidates offered in the key's order, weight / -ln(u) the
 // higher the earlier; of equal rank, the one offered first. While every candidate offered has one
 // weight it sorts them by u, which orders them as their scores do, without a logarithm.
@@ -347,7 +351,7 @@ func (t *rendezvousTop) offer(c ranked) {
 		if t.n == MaxPriced && c.weight/(1-c.u) <= t.r[MaxPriced-1].key {
 			return
 		}
-		c.key = c.weight / -math.Log(c.u)
+		c.key = c.score()
 	}
 	if t.n < MaxPriced {
 		t.n++
@@ -375,7 +379,7 @@ func (t *rendezvousTop) weighed(w float64) {
 	}
 	t.byScore = true
 	for j := range t.n {
-		t.r[j].key = t.r[j].weight / -math.Log(t.r[j].u)
+		t.r[j].key = t.r[j].score()
 	}
 }
 

@@ -118,7 +118,7 @@ func (h *Homes) Of(key Key) uint32 {
 	top := orderOf(k, pl.workers)
 	for j, r := range top.r[:top.n] {
 		w := r.i
-		if pl.workers[w].Pool <= 0 || pl.left[w] >= float64(tokens) || r.weight/-math.Log(r.u) > pl.cutoff[w] {
+		if pl.workers[w].Pool <= 0 || pl.left[w] >= float64(tokens) || r.score() > pl.cutoff[w] {
 			if j == 0 {
 				return 0
 			}
@@ -187,7 +187,7 @@ func (h *Homes) recent(now int64) []placedKey {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	type aged struct {
-		placedKey
+		key uint64
 		homeKey
 	}
 	all := make([]aged, 0, len(h.seen))
@@ -196,7 +196,7 @@ func (h *Homes) recent(now int64) []placedKey {
 			delete(h.seen, k)
 			continue
 		}
-		all = append(all, aged{placedKey{k, v.tokens}, v})
+		all = append(all, aged{k, v})
 	}
 	if len(all) > MaxHomeKeys {
 		slices.SortFunc(all, func(a, b aged) int { return cmp.Compare(b.last, a.last) })
@@ -208,7 +208,7 @@ func (h *Homes) recent(now int64) []placedKey {
 	keys := make([]placedKey, 0, len(all))
 	for _, a := range all {
 		if a.reused {
-			keys = append(keys, a.placedKey)
+			keys = append(keys, placedKey{a.key, a.tokens})
 		}
 	}
 	return keys
@@ -238,7 +238,7 @@ func place(keys []placedKey, workers []HomeWorker) *placement {
 		}
 		for _, r := range top.r[:top.n] {
 			// The score itself: the order compares workers of one weight by u alone.
-			offers = append(offers, offer{key: i, worker: r.i, score: r.weight / -math.Log(r.u)})
+			offers = append(offers, offer{key: i, worker: r.i, score: r.score()})
 		}
 	}
 	slices.SortFunc(offers, func(a, b offer) int {
