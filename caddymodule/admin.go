@@ -232,7 +232,7 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 	if h := ep.host.Load(); h != nil {
 		v.Inflight = int64(h.NumRequests())
 	}
-	if blocks, homeKeys, ok := ep.affinityBlocks(); ok {
+	if blocks, homeKeys, ok := ep.affinityCounts(); ok {
 		v.AffinityBlocks, v.AffinityHomeKeys = &blocks, &homeKeys
 	}
 	if snap == nil {

@@ -216,9 +216,9 @@ func (ep *endpoint) indexed(x *affinity.Index, homes *affinity.Homes, w affinity
 	ep.affinity = append(ep.affinity, indexedWorker{x, homes, w})
 }
 
-// affinityBlocks is how many prompt blocks the affinity indexes hold for this upstream and how many
+// affinityCounts is how many prompt blocks the affinity indexes hold for this upstream and how many
 // keys their placements make it home to, and whether any index knows it.
-func (ep *endpoint) affinityBlocks() (blocks, homeKeys int64, ok bool) {
+func (ep *endpoint) affinityCounts() (blocks, homeKeys int64, ok bool) {
 	ep.affinityMu.Lock()
 	defer ep.affinityMu.Unlock()
 	for _, iw := range ep.affinity {
