@@ -136,9 +136,9 @@ type workerView struct {
 	Inflight int64      `json:"inflight"` // the proxy's requests in flight to the upstream now
 	Score    *scoreView `json:"score"`    // null when the policy has no usable load for it
 	// AffinityBlocks is how many prompt blocks the affinity indexes remember sending to this worker
-	// (64 tokens each), and AffinityHomeKeys how many of the shared prompts seen in the last minute the
-	// policies' latest placements make it home to; both absent when no policy with affinity knows the
-	// worker.
+	// (64 tokens each), and AffinityHomeKeys how many of the shared prompts seen in the last five
+	// minutes the policies' latest placements make it home to; both absent when no policy with
+	// affinity knows the worker.
 	AffinityBlocks   *int64 `json:"affinity_blocks,omitempty"`
 	AffinityHomeKeys *int64 `json:"affinity_home_keys,omitempty"`
 }
