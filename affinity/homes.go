@@ -59,7 +59,7 @@ type homeKey struct {
 // HomeKeyTTL is how long, in milliseconds, a key counts towards its home's budget after its latest
 // request. Minutes, not seconds: of n Caddy instances each sees a prompt n times less often, and with a
 // minute's memory three instances' pictures flickered as prompts came and went from them: one instance
-// moved a prompt and back seven times in seventy seconds, a cache miss at each turn.
+// changed a prompt's home seven times in seventy seconds, a cache miss at each change.
 const HomeKeyTTL = 300_000
 
 // MaxHomeKeys bounds the keys a placement weighs: the most recent ones. Between placements at most
