@@ -132,10 +132,10 @@ type Choice struct {
 // that went elsewhere once on two workers, and the fastest would collect copies of all of them. Caddy
 // instances that share nothing agree on the home, from the key, the candidates' names, weights and
 // loads, and the keys they saw lately. A conversation (a key that Continues) is the exception: its
-// first turn, priced as a one-off prompt, may have gone elsewhere, and where this index knows a worker within the bound that holds
-// more of the key than its home, that worker takes the home's place, while this index knows the key's
-// PreviousBlocks; where it knows less, another instance sent the previous turn, and the conversation is
-// priced as one this index has not seen. Candidates are compared by
+// first turn, priced as a one-off prompt, may have gone elsewhere, and where this index knows a worker
+// within the bound that holds more of the key than its home, that worker takes the home's place, while
+// this index knows the key's PreviousBlocks; where it knows less, another instance sent the previous
+// turn, and the conversation is priced as one this index has not seen. Candidates are compared by
 // stretch, Cost over Alone: a slow home that is not loaded keeps its keys (in seconds the fastest
 // worker would win them all and its cache could not hold them), and a cache hit on a busy worker loses
 // to a miss on an idle one.
