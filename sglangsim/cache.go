@@ -125,11 +125,12 @@ type cacheEntry struct {
 }
 
 // prefixCache is one rank's cached blocks. pinned counts the tokens of held entries (they are part of
-// num_used_tokens), evictable the rest.
+// num_used_tokens), evictable the rest; evicted the tokens evicted so far.
 type prefixCache struct {
 	entries           map[uint64]*cacheEntry
 	lru               cacheEntry // sentinel: lru.next is the most recently used evictable entry
 	pinned, evictable int64
+	evicted           int64
 }
 
 func (c *prefixCache) lazyInit() {
@@ -219,6 +220,7 @@ func (c *prefixCache) evict(n int64) {
 		e.prev.next, e.next.prev = e.next, e.prev
 		delete(c.entries, e.hash)
 		c.evictable -= e.tokens
+		c.evicted += e.tokens
 		n -= e.tokens
 	}
 }

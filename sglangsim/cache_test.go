@@ -301,15 +301,15 @@ func TestPrefixCacheEviction(t *testing.T) {
 	a, b, c := strings.Repeat("a", 260), strings.Repeat("b", 260), strings.Repeat("c", 260)
 	d := strings.Repeat("d", 116) // 29 tokens, one block; reserves 30
 	steps := []struct {
-		text                  string
-		wantCached, wantCache int64 // cached tokens of the answer; tokens in the cache afterwards
+		text                               string
+		wantCached, wantCache, wantEvicted int64 // cached tokens of the answer; tokens in the cache and evicted so far afterwards
 	}{
-		{a, 0, 64},
-		{b, 0, 128},
-		{c, 0, 192},  // 0 used + 128 cached + 66 fits: nothing evicted
-		{d, 0, 176},  // 30 more needs 22 evicted: a's last two blocks go, d's block comes
-		{a, 32, 192}, // holds a's 2 blocks, needs 34: b's last block goes, a's 2 come back
-		{b, 48, 192}, // holds b's 3 blocks, needs 18: c's last block goes, b's last comes back
+		{a, 0, 64, 0},
+		{b, 0, 128, 0},
+		{c, 0, 192, 0},   // 0 used + 128 cached + 66 fits: nothing evicted
+		{d, 0, 176, 32},  // 30 more needs 22 evicted: a's last two blocks go, d's block comes
+		{a, 32, 192, 48}, // holds a's 2 blocks, needs 34: b's last block goes, a's 2 come back
+		{b, 48, 192, 64}, // holds b's 3 blocks, needs 18: c's last block goes, b's last comes back
 	}
 	for i, s := range steps {
 		g := postGenerate(t, base, map[string]any{"text": s.text, "sampling_params": map[string]any{"max_new_tokens": 1}})
@@ -319,6 +319,9 @@ func TestPrefixCacheEviction(t *testing.T) {
 		eventually(t, "request released", func() bool { return w.Loads()[0].UsedTokens == 0 })
 		if l := w.Loads()[0]; l.CacheTokens != s.wantCache {
 			t.Fatalf("step %d: cache holds %d tokens, want %d", i, l.CacheTokens, s.wantCache)
+		}
+		if got := w.Stats().EvictedTokens; got != s.wantEvicted {
+			t.Fatalf("step %d: %d tokens evicted, want %d", i, got, s.wantEvicted)
 		}
 	}
 	if s := w.Stats(); s.PeakUsedTokens > 200 {

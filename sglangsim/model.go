@@ -581,6 +581,7 @@ type Stats struct {
 	PromptTokens    int64   // prompt tokens of admitted requests, over all ranks
 	CachedTokens    int64   // of those, the ones the prefix cache covered
 	PrefilledTokens int64   // prompt tokens prefilled so far (uncached ones)
+	EvictedTokens   int64   // cached tokens evicted to make room, over all ranks
 	Loads           []RankLoad
 }
 
@@ -594,6 +595,7 @@ func (w *Worker) Stats() Stats {
 		s.PromptTokens += rk.promptTokens
 		s.CachedTokens += rk.cachedTokens
 		s.PrefilledTokens += s.Loads[i].PrefillUncachedTokens
+		s.EvictedTokens += rk.cache.evicted
 	}
 	s.PeakTokenUsage = round(float64(s.PeakUsedTokens)/float64(w.cfg.MaxTotalTokens), 4)
 	return s

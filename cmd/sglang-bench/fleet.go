@@ -167,6 +167,15 @@ func (f *fleet) kv() (meanUse, peak []float64) {
 	return meanUse, append([]float64(nil), f.kvPeak...)
 }
 
+// evictedTokens is the cached tokens the workers have evicted to make room, over the fleet.
+func (f *fleet) evictedTokens() int64 {
+	var n int64
+	for _, w := range f.workers {
+		n += w.Stats().EvictedTokens
+	}
+	return n
+}
+
 // pollCounts is each worker's count of load polls answered so far.
 func (f *fleet) pollCounts() []int64 {
 	c := make([]int64, len(f.polls))

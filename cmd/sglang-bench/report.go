@@ -52,6 +52,7 @@ var (
 	mTTFT99   = metric{"TTFT p99 s", func(r armResult) float64 { return r.ttft99 }, 2, true}
 	mTok      = metric{"out tok/s", func(r armResult) float64 { return r.tokPerSec }, 0, false}
 	mHit      = metric{"hit rate", func(r armResult) float64 { return r.hit }, 3, false}
+	mEvicted  = metric{"evicted ÷ prompt", func(r armResult) float64 { return r.evicted }, 3, true}
 	mSeconds  = metric{"run s", func(r armResult) float64 { return r.seconds }, 0, true}
 )
 
