@@ -131,13 +131,31 @@ type prefixCache struct {
 	lru               cacheEntry // sentinel: lru.next is the most recently used evictable entry
 	pinned, evictable int64
 	evicted           int64
+	// gone holds the blocks evicted and not cached since, up to maxGone of them: a prompt that brings
+	// one back is prefilling what the cache once held.
+	gone map[uint64]struct{}
 }
+
+// maxGone bounds the evicted blocks a cache remembers; past it, it forgets them all and starts again.
+const maxGone = 1 << 20
 
 func (c *prefixCache) lazyInit() {
 	if c.entries == nil {
 		c.entries = make(map[uint64]*cacheEntry)
+		c.gone = make(map[uint64]struct{})
 		c.lru.next, c.lru.prev = &c.lru, &c.lru
 	}
+}
+
+// goneIn returns the tokens of blocks that the cache held once and evicted.
+func (c *prefixCache) goneIn(blocks []block) int64 {
+	var n int64
+	for _, b := range blocks {
+		if _, ok := c.gone[b.hash]; ok {
+			n += b.tokens
+		}
+	}
+	return n
 }
 
 // match returns how many leading blocks are cached, without touching them.
@@ -183,6 +201,7 @@ func (c *prefixCache) insert(b block) *cacheEntry {
 	}
 	e := &cacheEntry{hash: b.hash, tokens: b.tokens, refs: 1}
 	c.entries[b.hash] = e
+	delete(c.gone, b.hash)
 	c.pinned += e.tokens
 	return e
 }
@@ -219,6 +238,10 @@ func (c *prefixCache) evict(n int64) {
 		e := c.lru.prev
 		e.prev.next, e.next.prev = e.next, e.prev
 		delete(c.entries, e.hash)
+		if len(c.gone) >= maxGone {
+			clear(c.gone)
+		}
+		c.gone[e.hash] = struct{}{}
 		c.evictable -= e.tokens
 		c.evicted += e.tokens
 		n -= e.tokens

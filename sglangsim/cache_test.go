@@ -301,15 +301,16 @@ func TestPrefixCacheEviction(t *testing.T) {
 	a, b, c := strings.Repeat("a", 260), strings.Repeat("b", 260), strings.Repeat("c", 260)
 	d := strings.Repeat("d", 116) // 29 tokens, one block; reserves 30
 	steps := []struct {
-		text                               string
-		wantCached, wantCache, wantEvicted int64 // cached tokens of the answer; tokens in the cache and evicted so far afterwards
+		text                   string
+		wantCached, wantCache  int64 // cached tokens of the answer; tokens in the cache afterwards
+		wantEvicted, wantAgain int64 // tokens evicted, and prompt tokens prefilled again after eviction, so far
 	}{
-		{a, 0, 64, 0},
-		{b, 0, 128, 0},
-		{c, 0, 192, 0},   // 0 used + 128 cached + 66 fits: nothing evicted
-		{d, 0, 176, 32},  // 30 more needs 22 evicted: a's last two blocks go, d's block comes
-		{a, 32, 192, 48}, // holds a's 2 blocks, needs 34: b's last block goes, a's 2 come back
-		{b, 48, 192, 64}, // holds b's 3 blocks, needs 18: c's last block goes, b's last comes back
+		{a, 0, 64, 0, 0},
+		{b, 0, 128, 0, 0},
+		{c, 0, 192, 0, 0},    // 0 used + 128 cached + 66 fits: nothing evicted
+		{d, 0, 176, 32, 0},   // 30 more needs 22 evicted: a's last two blocks go, d's block comes
+		{a, 32, 192, 48, 32}, // holds a's 2 blocks, needs 34: b's last block goes, a's 2 come back
+		{b, 48, 192, 64, 48}, // holds b's 3 blocks, needs 18: c's last block goes, b's last comes back
 	}
 	for i, s := range steps {
 		g := postGenerate(t, base, map[string]any{"text": s.text, "sampling_params": map[string]any{"max_new_tokens": 1}})
@@ -320,8 +321,9 @@ func TestPrefixCacheEviction(t *testing.T) {
 		if l := w.Loads()[0]; l.CacheTokens != s.wantCache {
 			t.Fatalf("step %d: cache holds %d tokens, want %d", i, l.CacheTokens, s.wantCache)
 		}
-		if got := w.Stats().EvictedTokens; got != s.wantEvicted {
-			t.Fatalf("step %d: %d tokens evicted, want %d", i, got, s.wantEvicted)
+		if st := w.Stats(); st.EvictedTokens != s.wantEvicted || st.PrefilledAgainTokens != s.wantAgain {
+			t.Fatalf("step %d: %d tokens evicted, %d prefilled again; want %d, %d", i, st.EvictedTokens,
+				st.PrefilledAgainTokens, s.wantEvicted, s.wantAgain)
 		}
 	}
 	if s := w.Stats(); s.PeakUsedTokens > 200 {
@@ -418,7 +420,7 @@ func TestStreamingCompletionsAndCachedUsage(t *testing.T) {
 }
 
 // Under a random mix of shared prefixes, sizes, aborts and eviction, the pool's books balance at every
-// step and a drained worker holds nothing.
+// step, no cached block counts as evicted, and a drained worker holds nothing.
 func TestPrefixCacheAccounting(t *testing.T) {
 	w, start := handDriven(t, Config{MaxTotalTokens: 3000, PrefillTokensPerSec: 20000, DecodeTokensPerSec: 500, MaxRunningRequests: 8, FinishEarly: 0.3})
 	w.mu.Unlock() // each step below takes the lock; looping stays set, so the clock loop stays out
@@ -436,6 +438,9 @@ func TestPrefixCacheAccounting(t *testing.T) {
 				pinned += e.tokens
 			} else {
 				evictable += e.tokens
+			}
+			if _, ok := rk.cache.gone[e.hash]; ok {
+				t.Fatalf("%s: block %x cached and counted as evicted", at, e.hash)
 			}
 		}
 		listed := int64(0)

@@ -136,6 +136,7 @@ type rank struct {
 	peakUsed        int64
 
 	promptTokens, cachedTokens int64   // over admitted requests
+	againTokens                int64   // of their uncached prompt tokens, the ones the cache held once and evicted
 	prefilled, prefillBusy     float64 // tokens prefilled, seconds the prefill stream was busy
 	win                        window
 }
@@ -469,6 +470,7 @@ func (w *Worker) admit(rk *rank, now time.Time) {
 		rk.peakUsed = max(rk.peakUsed, rk.used())
 		rk.promptTokens += r.prompt
 		rk.cachedTokens += cached
+		rk.againTokens += rk.cache.goneIn(r.blocks[len(hit):])
 		r.state, r.admitted, r.prefillLeft = statePrefill, now, float64(r.prompt-cached)
 		rk.running = append(rk.running, r)
 	}
@@ -582,7 +584,10 @@ type Stats struct {
 	CachedTokens    int64   // of those, the ones the prefix cache covered
 	PrefilledTokens int64   // prompt tokens prefilled so far (uncached ones)
 	EvictedTokens   int64   // cached tokens evicted to make room, over all ranks
-	Loads           []RankLoad
+	// PrefilledAgainTokens are the prompt tokens of admitted requests that the cache held once and had
+	// evicted: the hit rate that eviction cost.
+	PrefilledAgainTokens int64
+	Loads                []RankLoad
 }
 
 // Stats returns the worker's counters and current loads.
@@ -596,6 +601,7 @@ func (w *Worker) Stats() Stats {
 		s.CachedTokens += rk.cachedTokens
 		s.PrefilledTokens += s.Loads[i].PrefillUncachedTokens
 		s.EvictedTokens += rk.cache.evicted
+		s.PrefilledAgainTokens += rk.againTokens
 	}
 	s.PeakTokenUsage = round(float64(s.PeakUsedTokens)/float64(w.cfg.MaxTotalTokens), 4)
 	return s

@@ -190,12 +190,12 @@ func runAffinity(ctx context.Context, o affinityOptions, stdout, stderr io.Write
 	return nil
 }
 
-// affinityTable: hit rate beside the ideal, the cache the workers evicted, TTFT, latency, throughput and
-// shares, median (range) over seeds.
+// affinityTable: hit rate beside the ideal, the cache the workers evicted and what they prefilled again
+// for it, TTFT, latency, throughput and shares, median (range) over seeds.
 func affinityTable(b *strings.Builder, sr seedResults) {
-	ms := []metric{mHit, mEvicted, mTTFT50, mTTFT99, mP50, mP99, mTok}
-	b.WriteString("| policy | hit rate | ideal (measured) | hit ÷ ideal | evicted ÷ prompt tokens | TTFT p50 s | TTFT p99 s | p50 s | p99 s | out tok/s | failed (max) | share " +
-		strings.Join(workerLabels(), " / ") + " |\n|---|" + strings.Repeat("---:|", 10) + "---|\n")
+	ms := []metric{mHit, mEvicted, mAgain, mTTFT50, mTTFT99, mP50, mP99, mTok}
+	b.WriteString("| policy | hit rate | ideal (measured) | hit ÷ ideal | evicted ÷ prompt tokens | prefilled again ÷ prompt tokens | TTFT p50 s | TTFT p99 s | p50 s | p99 s | out tok/s | failed (max) | share " +
+		strings.Join(workerLabels(), " / ") + " |\n|---|" + strings.Repeat("---:|", 11) + "---|\n")
 	for i, name := range sr.policies {
 		rs := sr.byPolicy[i]
 		ideal := values(rs, metric{get: func(r armResult) float64 { return r.ideal }})

@@ -167,13 +167,14 @@ func (f *fleet) kv() (meanUse, peak []float64) {
 	return meanUse, append([]float64(nil), f.kvPeak...)
 }
 
-// evictedTokens is the cached tokens the workers have evicted to make room, over the fleet.
-func (f *fleet) evictedTokens() int64 {
-	var n int64
+// eviction is the cached tokens the workers evicted to make room, and the prompt tokens they prefilled
+// again after evicting them, over the fleet.
+func (f *fleet) eviction() (evicted, again int64) {
 	for _, w := range f.workers {
-		n += w.Stats().EvictedTokens
+		s := w.Stats()
+		evicted, again = evicted+s.EvictedTokens, again+s.PrefilledAgainTokens
 	}
-	return n
+	return evicted, again
 }
 
 // pollCounts is each worker's count of load polls answered so far.

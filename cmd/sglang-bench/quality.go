@@ -115,7 +115,7 @@ type armResult struct {
 	queueMean                   float64
 	share                       []float64     // of completed requests, per worker
 	hit, ideal                  float64       // cached / prompt tokens: the fleet's, and one unlimited cache's
-	evicted                     float64       // cached tokens the fleet evicted / prompt tokens
+	evicted, again              float64       // cached tokens the fleet evicted, and prompt tokens it prefilled again after evicting them, / prompt tokens
 	kvMean, kvPeak, pollsPerSec []float64     // per worker
 	seconds                     float64       // the run's length, over which pollsPerSec counts
 	routing                     routingCounts // summed over the arm's Caddy instances, from start to end
@@ -248,7 +248,8 @@ func summarise(a *arm, name string, begin time.Time, polls0 []int64) armResult {
 	}
 	if prompt > 0 {
 		r.hit = float64(cached) / float64(prompt)
-		r.evicted = float64(a.fleet.evictedTokens()) / float64(prompt)
+		evicted, again := a.fleet.eviction()
+		r.evicted, r.again = float64(evicted)/float64(prompt), float64(again)/float64(prompt)
 	}
 	r.ideal = a.ideal.rate()
 	slices.Sort(lat)
@@ -319,8 +320,8 @@ func runSeeds(ctx context.Context, caddy string, specs []armSpec, parallel, port
 				start := time.Now()
 				perSeed[i], errs[i] = runSeed(ctx, caddy, specs, jobsOf(seed), sent.Done, func(arm int) []int { return fleetPorts(portBase, seed, arm) })
 				for _, r := range perSeed[i] {
-					fmt.Fprintf(stderr, "sglang-bench: %s seed %d %-42s p50 %6.2fs p99 %6.2fs share %s hit %.3f evicted %.3f%s%s failed %d %s\n", label, seed, r.name, r.p50, r.p99,
-						shares([]armResult{r}), r.hit, r.evicted, r.routing, r.speeds, r.failed, r.firstFailure)
+					fmt.Fprintf(stderr, "sglang-bench: %s seed %d %-42s p50 %6.2fs p99 %6.2fs share %s hit %.3f evicted %.3f again %.3f%s%s failed %d %s\n", label, seed, r.name, r.p50, r.p99,
+						shares([]armResult{r}), r.hit, r.evicted, r.again, r.routing, r.speeds, r.failed, r.firstFailure)
 				}
 				fmt.Fprintf(stderr, "sglang-bench: %s seed %d done in %s\n", label, seed, time.Since(start).Round(time.Second))
 			})

@@ -53,6 +53,7 @@ var (
 	mTok      = metric{"out tok/s", func(r armResult) float64 { return r.tokPerSec }, 0, false}
 	mHit      = metric{"hit rate", func(r armResult) float64 { return r.hit }, 3, false}
 	mEvicted  = metric{"evicted ÷ prompt", func(r armResult) float64 { return r.evicted }, 3, true}
+	mAgain    = metric{"prefilled again ÷ prompt", func(r armResult) float64 { return r.again }, 3, true}
 	mSeconds  = metric{"run s", func(r armResult) float64 { return r.seconds }, 0, true}
 )
 
