@@ -19,8 +19,9 @@ demo: build
 test:
 	$(GO) test -race ./...
 
-# Micro-benchmarks, proxy overhead (Caddy CPU per request), routing quality and monitor scale through real Caddy
-# processes; about 10 minutes on 2 cores. Tables (and a chart) go to results/<date>/.
+# Micro-benchmarks, proxy overhead (Caddy CPU per request), routing quality, 1 against 3 instances, the
+# affinity workloads and monitor scale through real Caddy processes; over an hour on 2 cores. Tables (and
+# charts) go to results/<date>/.
 bench: build
 	$(GO) build -o $(BIN)/sglang-bench ./cmd/sglang-bench
 	sh bench/all.sh

@@ -1,6 +1,7 @@
 package affinity
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
@@ -75,15 +76,20 @@ func (x *Index) Worker(name string) Worker {
 
 func (x *Index) shard(block uint64) *shard { return &x.shards[block>>60] }
 
-// Record notes that w received the blocks. Only the blocks w did not hold are written, deepest first,
-// and the first block is touched: the first block of a prefix is its most recently used, and where a
-// prefix's blocks share a bucket, eviction takes them from the end of what each request added. On a
-// nil Index it does nothing.
+// Record notes that w received the blocks. Only the blocks w did not hold (all, where the first block
+// does not name w) are written, deepest first, and the first block is touched: the first block of a
+// prefix is its most recently used, and where a prefix's blocks share a bucket, eviction takes them
+// from the end of what each request added. On a nil Index it does nothing.
 func (x *Index) Record(blocks []uint64, w Worker) {
 	if x == nil || w.ID == 0 || len(blocks) == 0 {
 		return
 	}
-	held := x.depth(blocks, w.ID)
+	held := 0
+	if first := x.firstHolders(blocks); slices.Contains(first[:], w.ID) {
+		// Where the first block does not name w, every block is written: a new prompt's without the
+		// misses of the buckets depth would probe first, and what w may still hold deeper again.
+		held = x.depth(blocks, w.ID)
+	}
 	if held < len(blocks) {
 		x.recordDeepestFirst(blocks[held:], w.ID)
 	}

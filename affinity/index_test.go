@@ -73,6 +73,31 @@ func TestIndexKeepsTheRecentHolders(t *testing.T) {
 	}
 }
 
+// A worker pushed off a prefix's first block but still named deeper gets the whole prefix written
+// again: the first block names it, and no block holds it twice.
+func TestIndexRecordsAgainPastTheFirstHolders(t *testing.T) {
+	x := NewIndex(0)
+	var ws []Worker
+	for i := range Holders + 1 {
+		ws = append(ws, x.Worker(string(rune('a'+i))))
+	}
+	key := []uint64{101, 102, 103}
+	x.Record(key, ws[0])
+	for _, w := range ws[1:] {
+		x.Record(key[:1], w) // pushes ws[0] off the first block only
+	}
+	if first := x.firstHolders(key); first[Holders-1] == ws[0].ID || x.Blocks(ws[0]) != 2 {
+		t.Fatalf("set-up: holders %v, worker 0 holds %d blocks", first, x.Blocks(ws[0]))
+	}
+	x.Record(key, ws[0])
+	if first := x.firstHolders(key); first[0] != ws[0].ID {
+		t.Fatalf("holders %v: want worker 0 first", first)
+	}
+	if got, held := x.Match(key, ws[0]), x.Blocks(ws[0]); got != 3 || held != 3 {
+		t.Fatalf("worker 0 matches %d and holds %d blocks, want 3 and 3", got, held)
+	}
+}
+
 func TestIndexEvictsLeastRecentlyUsed(t *testing.T) {
 	x := NewIndex(64 << 10)
 	w := x.Worker("w")

@@ -121,7 +121,7 @@ type workerView struct {
 	Interval    string   `json:"interval"`
 	StaleAfter  string   `json:"stale_after"`
 
-	State            string      `json:"state"`                        // fresh, stale or missing
+	State            string      `json:"state"`                        // fresh, stale, unreachable or missing
 	ReportAgeSeconds *float64    `json:"report_age_seconds,omitempty"` // absent without a report
 	Report           *reportView `json:"report"`
 

@@ -88,21 +88,23 @@ type Policy struct {
 	// requests, it is priced at no less than this). Default: the worker's measured prefill speed per
 	// rank times the fleet's ratio of decode speed alone to prefill speed per rank; for a worker without
 	// a prefill speed, the fastest that any worker has reported lately (so an unmeasured worker gets
-	// requests and is measured), or 50 before any has. The fleet is this policy's upstreams.
+	// requests and is measured) and never less than 50, 50 before any has. The fleet is this policy's
+	// upstreams.
 	DecodeTokensPerSec float64 `json:"decode_tokens_per_sec,omitempty"`
 
 	// Route requests that share a prompt prefix (prefix: chat messages, a completion's prompt, /generate
 	// text or input_ids) or a session (header: the value of AffinityHeader) to the worker that has
-	// their tokens cached, while its price with those tokens taken off its prefill is the lowest, and
-	// while it carries at most affinity_balance times the mean load. Implies the cost metric.
-	// Default: off.
+	// their tokens cached, while its price with those tokens taken off its prefill is the lowest (or
+	// within 1.25 times of it: a near tie goes to the key's rendezvous order), and while it carries at
+	// most affinity_balance times the mean load or the mean plus 8, whichever is more. Implies the cost
+	// metric. Default: off.
 	Affinity string `json:"affinity,omitempty"`
 
 	// The request header that names the session, with affinity header.
 	AffinityHeader string `json:"affinity_header,omitempty"`
 
 	// How far above the fleet's mean in-flight count affinity may take a worker (as HAProxy's
-	// hash-balance-factor). Default: 1.25.
+	// hash-balance-factor; the mean plus 8 is always allowed). Default: 1.25.
 	AffinityBalance float64 `json:"affinity_balance,omitempty"`
 
 	// Memory cap of the index of which worker recently received which prompt blocks, in bytes.
