@@ -171,6 +171,9 @@ type endpoint struct {
 	// with them, so the requests sent since are the difference.
 	sentRequests, sentPrompt, sentOutput, sentWeighted, sentUncached atomic.Int64
 
+	// poke asks the monitor for a poll within a tenth of the interval (monitor.Target.Poke).
+	poke chan struct{}
+
 	// affinity lists the affinity indexes that know this endpoint's upstream, for the admin view.
 	affinityMu sync.Mutex
 	affinity   []indexedWorker
@@ -242,6 +245,14 @@ func (ep *endpoint) placed(req loadpolicy.Request, cached int64) {
 	ep.sentOutput.Add(d.OutputTokens)
 	ep.sentWeighted.Add(d.Weighted)
 	ep.sentUncached.Add(d.Uncached)
+	if rep := ep.state.usable(); rep != nil && !rep.Measured() {
+		// Priced at the stand-ins, a slow worker can look as fast as the fastest until a poll measures
+		// the requests now sent to it: at the next interval, that is up to an interval of mispricing.
+		select {
+		case ep.poke <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // minCost is the least price: a Candidate's zero cost means not priced.
@@ -392,7 +403,8 @@ func (a *App) register(spec endpointSpec, dial string, fleet *fleetSpeed) (*endp
 		_ = stampingFetcher{Fetcher: fetcher}.Close() // a gRPC fetcher holds a connection from New on
 		return nil, err
 	}
-	ep := &endpoint{key: key, spec: spec, state: val.(*sharedState), refs: 1, upstreams: map[string]int{dial: 1}}
+	ep := &endpoint{key: key, spec: spec, state: val.(*sharedState), refs: 1, upstreams: map[string]int{dial: 1},
+		poke: make(chan struct{}, 1)}
 	ep.joinFleetLocked(fleet)
 	ep.setInterval(a, spec.interval)
 	stamped := stampingFetcher{Fetcher: fetcher, ep: ep}
@@ -406,6 +418,7 @@ func (a *App) register(spec endpointSpec, dial string, fleet *fleetSpeed) (*endp
 		// A worker new to this process is measured within an interval; one that an earlier config
 		// polled has its measurements.
 		WarmUp: ep.state.Load() == nil,
+		Poke:   ep.poke,
 	})
 	if err != nil {
 		_ = stamped.Close()

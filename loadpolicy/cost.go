@@ -141,6 +141,9 @@ type workload struct {
 	senders              float64
 	has                  bool // the report carries the counts the model needs
 	sampled              bool // the report carried a decode reading
+	// readsDecode and readsPrefill say that the report carries what measures the worker's speeds:
+	// gen_throughput, and the prefill counters.
+	readsDecode, readsPrefill bool
 }
 
 // addDecodeReading adds a report's throughput and running count to the sums, and reports whether the
@@ -216,8 +219,10 @@ func deriveWorkload(r *Report) workload {
 		w.maxBatch = r.MaxRunning
 	}
 	if all&FieldGenThroughput != 0 {
+		w.readsDecode = true
 		w.sampled = w.addDecodeReading(r.GenThroughput, r.Running)
 	}
+	w.readsPrefill = all&FieldPrefillCounters != 0
 	return w
 }
 
@@ -314,6 +319,15 @@ func (r *Report) PrefillTokensPerSec() (float64, bool) { return r.work.prefill, 
 
 // Priced reports whether the report carries what the cost model needs: running and waiting counts.
 func (r *Report) Priced() bool { return r != nil && r.work.has }
+
+// Measured reports whether the cost model prices the worker by speeds its own reports measured: its
+// decode speed alone once trustedReadings reports caught it decoding, its prefill speed once two
+// reports' counters differ by a prefill; a speed its reports do not carry counts as measured. Until
+// then it is priced at the stand-ins, which may make a slow worker look as fast as the fastest.
+func (r *Report) Measured() bool {
+	w := &r.work
+	return (w.readings >= trustedReadings || !w.readsDecode) && (w.prefillOK || !w.readsPrefill)
+}
 
 // Cost is the time, in seconds, that req would take on the worker if placed there now: since says what
 // happened after the report, cached is how many of its prompt tokens the worker already holds. It

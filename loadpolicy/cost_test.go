@@ -360,6 +360,41 @@ func TestDecodeTrustedAfterReadings(t *testing.T) {
 	}
 }
 
+// A worker is measured once its decode speed is trusted and its prefill speed read from its counters;
+// a speed its reports do not carry never holds it back.
+func TestMeasured(t *testing.T) {
+	follow := func(reps ...*Report) *Report {
+		var prev *Report
+		for i, rep := range reps {
+			rep.Received = time.Unix(int64(i), 0)
+			rep.Follow(prev)
+			prev = rep
+		}
+		return prev
+	}
+	countsOnly := Rank{Running: 1, Waiting: 0, Fields: FieldRunning | FieldWaiting}
+	decoding := worker(1, 0, 0, 1000, 10000, 8, 40)
+	for _, tc := range []struct {
+		name string
+		rep  *Report
+		want bool
+	}{
+		{"counts only: nothing to measure", follow(NewReport(time.Time{}, "", []Rank{countsOnly})), true},
+		{"one decode reading", follow(NewReport(time.Time{}, "", []Rank{decoding})), false},
+		{"three decode readings, no counters", follow(NewReport(time.Time{}, "", []Rank{decoding}),
+			NewReport(time.Time{}, "", []Rank{decoding}), NewReport(time.Time{}, "", []Rank{decoding})), true},
+		{"three decode readings, counters that never moved", follow(counters(0, 1, 40, 0, 0), counters(0, 1, 40, 0, 0),
+			counters(0, 1, 40, 0, 0)), false},
+		{"three decode readings, a prefill between counters", follow(counters(0, 1, 40, 0, 0), counters(0, 1, 40, 2000, 500_000),
+			counters(0, 1, 40, 2000, 500_000)), true},
+		{"a prefill, one decode reading", follow(counters(0, 0, 0, 0, 0), counters(0, 1, 40, 2000, 500_000)), false},
+	} {
+		if got := tc.rep.Measured(); got != tc.want {
+			t.Errorf("%s: measured %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
 // Readings are carried to a batch of one by the worker's own halving where one is set: a simulated 4x
 // worker (400 tok/s alone, halving 16) read at 20 running is 400 tok/s alone at 16, and what the
 // reference halving of 32 makes of the same readings without it.

@@ -33,6 +33,10 @@ type Target struct {
 	// fails: what a report measures from its predecessor (speeds from the difference of counters) is
 	// then known within one interval of the endpoint's start instead of several.
 	WarmUp bool
+	// Poke, when set, asks for a poll within a tenth of the interval whenever a value arrives on it,
+	// sooner than the next one due: the owner sends (without blocking) when it needs a fresh
+	// measurement, such as a speed not yet measured on a worker it just sent a request to.
+	Poke <-chan struct{}
 	// Published, when set, is called after each result is published to State, before OnResult.
 	Published func()
 }
@@ -224,11 +228,32 @@ func (m *Monitor) loop(ctx context.Context, p *poller) {
 		} else {
 			wait = jitter(wait, m.opts.Jitter)
 		}
-		timer.Reset(m.onGrid(wait, interval/wakeGrid))
+		if !m.wait(ctx, timer, p.target.Poke, m.onGrid(wait, interval/wakeGrid), interval/wakeGrid) {
+			return
+		}
+	}
+}
+
+// wait waits d on timer, or until the slot of the grid after a poke if that comes sooner. A poke sent
+// before the wait began is answered by the poll just made. It returns false when ctx ends first.
+func (m *Monitor) wait(ctx context.Context, timer *time.Timer, poke <-chan struct{}, d, grid time.Duration) bool {
+	select {
+	case <-poke:
+	default:
+	}
+	due := time.Now().Add(d)
+	timer.Reset(d)
+	for {
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-timer.C:
+			return true
+		case <-poke:
+			if soon := m.onGrid(grid, grid); time.Now().Add(soon).Before(due) {
+				due = time.Now().Add(soon)
+				timer.Reset(soon)
+			}
 		}
 	}
 }

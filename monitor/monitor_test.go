@@ -324,3 +324,48 @@ func TestWarmUpPollsThenInterval(t *testing.T) {
 		})
 	}
 }
+
+// A poke brings the next poll forward to the grid slot after it; pokes while one is pending add none.
+func TestPokePollsSooner(t *testing.T) {
+	const interval = 2 * time.Second
+	polls := make(chan time.Time, 64)
+	f := &funcFetcher{fn: func(context.Context) (*loadpolicy.Report, error) {
+		polls <- time.Now()
+		return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{{Fields: loadpolicy.FieldRunning}}), nil
+	}}
+	poke := make(chan struct{}, 1)
+	m := New(Options{})
+	if err := m.Add(Target{Key: "a", Fetcher: f, Interval: interval, Timeout: time.Second, State: new(State), Poke: poke}); err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+	defer m.Close()
+	next := func(within time.Duration) time.Time {
+		select {
+		case at := <-polls:
+			return at
+		case <-time.After(within):
+			t.Fatalf("no poll within %s", within)
+			return time.Time{}
+		}
+	}
+	first := next(5 * time.Second)
+	poked := time.Now()
+	for range 3 {
+		select {
+		case poke <- struct{}{}:
+		default:
+		}
+	}
+	// The slot after the poke: at most one and a half slots (0.3 s) away, where the interval would be
+	// at least 1.8 s after the first poll.
+	if at := next(5 * time.Second); at.Sub(poked) > 3*interval/wakeGrid/2+50*time.Millisecond {
+		t.Fatalf("poked poll came %s after the poke, %s after the first", at.Sub(poked), at.Sub(first))
+	}
+	// Then the interval again, whatever was poked while the poke was pending.
+	select {
+	case at := <-polls:
+		t.Fatalf("another poll %s after the poke", at.Sub(poked))
+	case <-time.After(interval / 2):
+	}
+}
