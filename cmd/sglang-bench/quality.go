@@ -124,6 +124,15 @@ type armResult struct {
 	firstFailure                string
 }
 
+// cacheLine is the arm's prefix cache figures for a log line, where a prompt found any cached: a
+// workload of unique prompts caches nothing worth showing.
+func (r armResult) cacheLine() string {
+	if r.hit == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" hit %.3f evicted %.3f again %.3f", r.hit, r.evicted, r.again)
+}
+
 // armSpec is one arm of a run: a policy and its instance count.
 type armSpec struct {
 	p policy
@@ -320,8 +329,8 @@ func runSeeds(ctx context.Context, caddy string, specs []armSpec, parallel, port
 				start := time.Now()
 				perSeed[i], errs[i] = runSeed(ctx, caddy, specs, jobsOf(seed), sent.Done, func(arm int) []int { return fleetPorts(portBase, seed, arm) })
 				for _, r := range perSeed[i] {
-					fmt.Fprintf(stderr, "sglang-bench: %s seed %d %-42s p50 %6.2fs p99 %6.2fs share %s hit %.3f evicted %.3f again %.3f%s%s failed %d %s\n", label, seed, r.name, r.p50, r.p99,
-						shares([]armResult{r}), r.hit, r.evicted, r.again, r.routing, r.speeds, r.failed, r.firstFailure)
+					fmt.Fprintf(stderr, "sglang-bench: %s seed %d %-42s p50 %6.2fs p99 %6.2fs share %s%s%s%s failed %d %s\n", label, seed, r.name, r.p50, r.p99,
+						shares([]armResult{r}), r.cacheLine(), r.routing, r.speeds, r.failed, r.firstFailure)
 				}
 				fmt.Fprintf(stderr, "sglang-bench: %s seed %d done in %s\n", label, seed, time.Since(start).Round(time.Second))
 			})
