@@ -2,7 +2,6 @@ package caddymodule_test
 
 import (
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -16,19 +15,16 @@ import (
 // A request the cost model sends to a worker it has not measured brings that worker's next poll
 // forward from the interval to the next tenth of it.
 func TestRequestToUnmeasuredWorkerPollsIt(t *testing.T) {
-	sim := sglangsim.New(sglangsim.Config{Name: "w", MaxTotalTokens: 100000, PrefillTokensPerSec: 1e5, DecodeTokensPerSec: 1e4})
 	polls := make(chan time.Time, 64)
-	h := sim.Handler()
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/loads" {
-			polls <- time.Now()
-		}
-		h.ServeHTTP(w, r)
-	}))
-	t.Cleanup(func() {
-		sim.Close()
-		hs.Close()
-	})
+	hs := serveSim(t, sglangsim.Config{Name: "w", MaxTotalTokens: 100000, PrefillTokensPerSec: 1e5, DecodeTokensPerSec: 1e4},
+		func(h http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/v1/loads" {
+					polls <- time.Now()
+				}
+				h.ServeHTTP(w, r)
+			})
+		})
 	const interval = 10 * time.Second
 	tester := caddytest.NewTester(t)
 	tester.InitServer(caddyfileFor("interval 10s", "metric cost", strings.TrimPrefix(hs.URL, "http://")), "caddyfile")
@@ -40,12 +36,16 @@ func TestRequestToUnmeasuredWorkerPollsIt(t *testing.T) {
 			return time.Time{}, false
 		}
 	}
-	// The warm-up's polls, a tenth of the interval apart; the next is an interval after the last.
+	// The warm-up's polls, a tenth of the interval apart; the next is an interval after the last, once
+	// the last is published.
 	for i := range monitor.WarmUpPolls {
 		if _, ok := next(5 * time.Second); !ok {
 			t.Fatalf("warm-up poll %d did not come", i+1)
 		}
 	}
+	addr := strings.TrimPrefix(hs.URL, "http://")
+	eventually(t, 5*time.Second, func() bool { return workers(t)[addr].PollsOK >= monitor.WarmUpPolls },
+		"the warm-up's last poll published")
 	sent := time.Now()
 	post(t, "http://127.0.0.1:9080/generate", `{"text":"a prompt","sampling_params":{"max_new_tokens":2}}`, nil)
 	at, ok := next(interval / 2)

@@ -2,6 +2,7 @@ package caddymodule_test
 
 import (
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -15,12 +16,7 @@ import (
 // A worker that receives as much from another sender as from this Caddy: its prefill counters grow
 // twice as fast as what Caddy sent it, and the admin view's senders reads about 2.
 func TestSendersCountAnotherSender(t *testing.T) {
-	sim := sglangsim.New(sglangsim.Config{Name: "w", MaxTotalTokens: 100000, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1e5})
-	hs := httptest.NewServer(sim.Handler())
-	t.Cleanup(func() {
-		sim.Close()
-		hs.Close()
-	})
+	hs := serveSim(t, sglangsim.Config{Name: "w", MaxTotalTokens: 100000, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1e5}, nil)
 	addr := strings.TrimPrefix(hs.URL, "http://")
 	tester := caddytest.NewTester(t)
 	tester.InitServer(caddyfileFor("interval 100ms", "metric cost", addr), "caddyfile")
@@ -47,4 +43,20 @@ func TestSendersCountAnotherSender(t *testing.T) {
 	// Twice the tokens Caddy sent, now; the sums remember the first 150 requests (their weight halves
 	// in a minute), so at least (150 + 2×300) / (150 + 300) = 1.67, at most 2.
 	waitSenders(1.6, 2.05)
+}
+
+// serveSim serves a simulated worker on loopback, its handler wrapped by wrap where not nil, until the
+// test ends.
+func serveSim(t *testing.T, cfg sglangsim.Config, wrap func(http.Handler) http.Handler) *httptest.Server {
+	sim := sglangsim.New(cfg)
+	h := sim.Handler()
+	if wrap != nil {
+		h = wrap(h)
+	}
+	hs := httptest.NewServer(h)
+	t.Cleanup(func() {
+		sim.Close()
+		hs.Close()
+	})
+	return hs
 }

@@ -234,13 +234,10 @@ func (m *Monitor) loop(ctx context.Context, p *poller) {
 	}
 }
 
-// wait waits d on timer, or until the slot of the grid after a poke if that comes sooner. A poke sent
-// before the wait began is answered by the poll just made. It returns false when ctx ends first.
+// wait waits d on timer, or until the slot of the grid after a poke if that comes sooner (one sent
+// during the poll before counts: that poll may have missed what it asks to measure). It returns false
+// when ctx ends first.
 func (m *Monitor) wait(ctx context.Context, timer *time.Timer, poke <-chan struct{}, d, grid time.Duration) bool {
-	select {
-	case <-poke:
-	default:
-	}
 	due := time.Now().Add(d)
 	timer.Reset(d)
 	for {
