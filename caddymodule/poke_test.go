@@ -26,8 +26,9 @@ func TestRequestToUnmeasuredWorkerPollsIt(t *testing.T) {
 			})
 		})
 	const interval = 10 * time.Second
+	addr := strings.TrimPrefix(hs.URL, "http://")
 	tester := caddytest.NewTester(t)
-	tester.InitServer(caddyfileFor("interval 10s", "metric cost", strings.TrimPrefix(hs.URL, "http://")), "caddyfile")
+	tester.InitServer(caddyfileFor("interval 10s", "metric cost", addr), "caddyfile")
 	next := func(within time.Duration) (time.Time, bool) {
 		select {
 		case at := <-polls:
@@ -43,7 +44,6 @@ func TestRequestToUnmeasuredWorkerPollsIt(t *testing.T) {
 			t.Fatalf("warm-up poll %d did not come", i+1)
 		}
 	}
-	addr := strings.TrimPrefix(hs.URL, "http://")
 	eventually(t, 5*time.Second, func() bool { return workers(t)[addr].PollsOK >= monitor.WarmUpPolls },
 		"the warm-up's last poll published")
 	sent := time.Now()

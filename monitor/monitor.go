@@ -247,8 +247,9 @@ func (m *Monitor) wait(ctx context.Context, timer *time.Timer, poke <-chan struc
 		case <-timer.C:
 			return true
 		case <-poke:
-			if soon := m.onGrid(grid, grid); time.Now().Add(soon).Before(due) {
-				due = time.Now().Add(soon)
+			soon := m.onGrid(grid, grid)
+			if at := time.Now().Add(soon); at.Before(due) {
+				due = at
 				timer.Reset(soon)
 			}
 		}
