@@ -200,6 +200,10 @@ func TestDemo(t *testing.T) {
 		if err != nil || share < 50 {
 			t.Errorf("prompt tokens cached over the fleet: %q, want at least 50%%", all[len(all)-1])
 		}
+		// The admin view, half-way through the burst, shows the blocks the index sent each worker.
+		if blocks := adminBlocks(t, text); blocks <= 0 {
+			t.Errorf("the admin view's prompt blocks add up to %d, want some", blocks)
+		}
 	})
 
 	t.Run("interrupted", func(t *testing.T) {
@@ -428,6 +432,28 @@ func runDemo(t *testing.T, ctx context.Context, bin string, requests int, flags 
 		t.Errorf("not every request succeeded")
 	}
 	return cmd, tmp, text
+}
+
+// adminBlocks is the sum of the admin view's "prompt blocks" column, -1 when the view has none.
+func adminBlocks(t *testing.T, text string) int {
+	t.Helper()
+	sum, inView := -1, false
+	for line := range strings.Lines(text) {
+		switch {
+		case strings.Contains(line, "in flight") && strings.HasSuffix(strings.TrimSpace(line), "prompt blocks"):
+			sum, inView = 0, true
+		case inView && strings.HasPrefix(line, "  127.0.0.1:"):
+			f := strings.Fields(line)
+			n, err := strconv.Atoi(f[len(f)-1])
+			if err != nil {
+				t.Fatalf("admin row %q: prompt blocks %q", line, f[len(f)-1])
+			}
+			sum += n
+		default:
+			inView = false
+		}
+	}
+	return sum
 }
 
 // tableRow returns the fields of the worker table's row for addr (the admin view's rows are indented).

@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/caddy-sglang/caddy-sglang/affinity"
 	"github.com/caddy-sglang/caddy-sglang/sglangsim"
 )
 
@@ -164,6 +165,7 @@ type workerView struct {
 		Signal string  `json:"signal"`
 		Value  float64 `json:"value"`
 	} `json:"score"`
+	AffinityBlocks *int64 `json:"affinity_blocks"`
 }
 
 type totalsView struct {
@@ -198,14 +200,17 @@ func printAdmin(ctx context.Context, w io.Writer, client *http.Client, admin str
 			fmt.Fprintf(w, "  %s\n", raw)
 			return
 		}
-		errCol := ""
+		errCol, blocksCol := "", ""
 		for _, v := range views {
 			if v.LastError != "" {
 				errCol = "\tlast error"
 			}
+			if v.AffinityBlocks != nil {
+				blocksCol = "\tprompt blocks"
+			}
 		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(tw, "  worker\tstate\treport age\tpolls ok/failed\trunning\twaiting\tKV use\tin flight\tscore%s\n", errCol)
+		fmt.Fprintf(tw, "  worker\tstate\treport age\tpolls ok/failed\trunning\twaiting\tKV use\tin flight\tscore%s%s\n", blocksCol, errCol)
 		for _, v := range views {
 			var t totalsView
 			if v.Report != nil {
@@ -215,6 +220,10 @@ func printAdmin(ctx context.Context, w io.Writer, client *http.Client, admin str
 			if v.Score != nil {
 				score = fmt.Sprintf("%s %.4g", v.Score.Signal, v.Score.Value)
 			}
+			blocks := ""
+			if blocksCol != "" {
+				blocks = "\t" + show(v.AffinityBlocks, "%d")
+			}
 			var usage *float64
 			if u := t.TokenUsage; u != nil {
 				usage = new(100 * *u)
@@ -223,12 +232,15 @@ func printAdmin(ctx context.Context, w io.Writer, client *http.Client, admin str
 			if errCol != "" {
 				lastErr = "\t" + v.LastError
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s/%s\t%s\t%s\t%s\t%s\t%s%s\n", strings.Join(v.Upstreams, " "), v.State,
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s/%s\t%s\t%s\t%s\t%s\t%s%s%s\n", strings.Join(v.Upstreams, " "), v.State,
 				show(v.ReportAge, "%.1fs"), show(v.PollsOK, "%d"), show(v.PollsFailed, "%d"),
 				show(t.Running, "%d"), show(t.Waiting, "%d"), show(usage, "%.0f%%"),
-				show(v.Inflight, "%d"), score, lastErr)
+				show(v.Inflight, "%d"), score, blocks, lastErr)
 		}
 		tw.Flush()
+		if blocksCol != "" {
+			fmt.Fprintf(w, "  prompt blocks: the %d-token prompt blocks the affinity index remembers sending there\n", affinity.BlockTokens)
+		}
 		return
 	}
 	why := err.Error()
