@@ -53,6 +53,7 @@ type CostParams struct {
 
 // Since is what happened between a report and the choice.
 type Since struct {
+	// Elapsed is the time since the report; not positive counts as none.
 	Elapsed time.Duration
 	// Extra is the change of the proxy's in-flight count to the worker since the report: requests
 	// sent since minus requests finished since. It may be negative.
@@ -425,7 +426,9 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 	if sent > 0 {
 		sentAhead = float64(max(since.SentUncached, 0)) * float64(newLeft) / float64(sent)
 	}
-	ahead := atLeast(float64(w.queued)+sentAhead-since.Elapsed.Seconds()/invSpeed, 0)
+	// A report stamped after the caller's clock reading (a coarse clock lags) drained nothing since.
+	drained := max(since.Elapsed, 0).Seconds() / invSpeed
+	ahead := atLeast(float64(w.queued)+sentAhead-drained, 0)
 	// On its rank the prompt prefills its uncached tokens, after the residual prompts it queues behind:
 	// prompts arrive at random, so a prefill busy a fraction u of the time keeps a new one waiting
 	// u/(1-u) of them (Pollaczek-Khinchine), even when the report saw no queue.

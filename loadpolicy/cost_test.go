@@ -104,6 +104,13 @@ func TestCost(t *testing.T) {
 			since: Since{Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800}, want: 100/perRequest(busyAlone, 7) + 0.15,
 		},
 		{
+			// A report stamped after the choice's clock reading: nothing drained since, so it prices as
+			// one received now (the row above), not 10 ms of prefill (80 tokens) more.
+			name: "report newer than the clock", ranks: []Rank{busy}, req: Request{400, 100},
+			since: Since{Elapsed: -10 * time.Millisecond, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800},
+			want:  100/perRequest(busyAlone, 7) + 0.15,
+		},
+		{
 			// Counters moved 4000 tokens in 1 s of busy prefill: 4000 tok/s. Idle now; decode carried
 			// from the previous report, 100 tok/s at batch 2, 50 x (1 + 1/16) alone; prefill 400/4000 = 0.1.
 			name:  "measured prefill, carried decode",
