@@ -138,11 +138,17 @@ func TestDynamicChurn(t *testing.T) {
 	if len(failed) > 0 {
 		t.Errorf("%d of %d requests failed: %v", len(failed), served+len(failed), failed[:min(5, len(failed))])
 	}
-	page := scrape(t)
-	series := len(regexp.MustCompile(`caddy_sglang_load_polls_total\{endpoint="([^"]+)",[^}]*result="ok"`).FindAllString(page, -1))
-	if series != live {
-		t.Errorf("polls_total has ok series for %d endpoints, want %d", series, live)
+	okSeries := regexp.MustCompile(`caddy_sglang_load_polls_total\{endpoint="([^"]+)",[^}]*result="ok"`)
+	for dl := time.Now().Add(5 * time.Second); time.Now().Before(dl); time.Sleep(10 * time.Millisecond) {
+		if len(okSeries.FindAllString(scrape(t), -1)) == live {
+			break
+		}
 	}
+	if got := okSeries.FindAllString(scrape(t), -1); len(got) != live {
+		t.Logf("DEBUG series %v view %v", got, workers(t))
+	}
+	eventually(t, 5*time.Second, func() bool { return len(okSeries.FindAllString(scrape(t), -1)) == live },
+		"polls_total to have ok series for the %d live endpoints only", live)
 
 	// Goroutines: each connection in this process costs up to three (client read and write loops and
 	// the server's), and the warm-up and the end may leave a few more idle keep-alive connections

@@ -256,7 +256,7 @@ func TestDynamicAFollowsDNS(t *testing.T) {
 	if took := time.Since(left); took < time.Second {
 		t.Errorf("%s forgotten %s after it left DNS, before forget_after (1s)", gone, took)
 	}
-	// Its series go once its poller has stopped, just after it leaves the view.
+	// Its series go with it from the view, an instant after.
 	eventually(t, 5*time.Second, func() bool { return !strings.Contains(scrape(t), fmt.Sprintf("endpoint=%q", "http://"+gone)) },
 		"the metrics to drop the series of the forgotten %s", gone)
 	polls := w2.loadPolls.Load()

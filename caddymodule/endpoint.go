@@ -456,8 +456,10 @@ func (a *App) unregister(ep *endpoint, dial string, fleet *fleetSpeed) {
 	}
 	a.mu.Unlock()
 	if last {
-		a.monitor.Remove(ep.key)
+		// Its series go before the wait for its poller to stop, so that they leave the metrics with
+		// the admin view; a poll that ends later finds no endpoint and counts nothing.
 		releaseState(ep.key)
+		a.monitor.Remove(ep.key)
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/caddy-sglang/caddy-sglang/affinity"
 	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
+	"github.com/caddy-sglang/caddy-sglang/monitor"
 )
 
 func init() {
@@ -530,6 +531,12 @@ func (p *Policy) registerLate(dial string) *endpoint {
 		return nil
 	}
 	ep, err := p.register(dial, true)
+	switch {
+	case errors.Is(err, monitor.ErrRegistered):
+		return nil // forgotten as it came back, its poller not yet stopped: the next pass registers it
+	case errors.Is(err, monitor.ErrClosed):
+		return nil // a request of a replaced config, retrying after its cleanup: routed without loads
+	}
 	if err != nil {
 		p.skipped.Store(dial, struct{}{})
 		p.logger.Warn("not monitoring upstream load", zap.String("upstream", dial), zap.Error(err))

@@ -49,6 +49,11 @@ func adapt(t *testing.T, cfg string) []byte {
 func loadConfig(client *http.Client, cfg []byte) error {
 	resp, err := client.Post(adminURL+"/load", "application/json", bytes.NewReader(cfg))
 	if err != nil {
+		// The admin server that the previous load replaced may take the connection as it stops. A
+		// second load of the same config, if the first went through, changes nothing.
+		resp, err = client.Post(adminURL+"/load", "application/json", bytes.NewReader(cfg))
+	}
+	if err != nil {
 		return err
 	}
 	body, _ := io.ReadAll(resp.Body)
@@ -91,6 +96,8 @@ func closingWorker(t *testing.T, name string, tokenUsage float64, waiting int) *
 func getOnce(client *http.Client) (worker string, retried bool, err error) {
 	resp, err := client.Get(proxyURL)
 	if err != nil {
+		// The reload that broke the connection closed those idle beside it too: the retry dials anew.
+		client.CloseIdleConnections()
 		retried = true
 		resp, err = client.Get(proxyURL)
 	}
@@ -195,7 +202,8 @@ http://127.0.0.1:9080 {
 	tester.InitServer(caddyfile("interval 100ms\n\t\tstale_after 10s", "choose least", busy, mid, idle), "caddyfile")
 	waitPolls(t, 2, busy, mid, idle)
 
-	admin := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{}}
+	// Each load replaces the admin server, which closes the connection a load came on: every load dials anew.
+	admin := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	traffic := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	closeIdle := func() {
 		admin.CloseIdleConnections()
@@ -297,4 +305,75 @@ func goroutineDump() string {
 		s = s[:20000] + "\n..."
 	}
 	return s
+}
+
+// Caddy does not wait for the requests in flight on a replaced config before cleaning it up, and such
+// a request that retries calls Select on a policy whose app is gone. It must register nothing there:
+// no poller, no fetcher, no metric series that nothing would ever remove.
+func TestSelectAfterCleanupRegistersNothing(t *testing.T) {
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	old := &testWorker{name: "old", release: make(chan struct{})}
+	old.setLoad(0.1, 0)
+	old.srv = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/loads" && first.CompareAndSwap(false, true) {
+			// The first request is held across the reload, then its connection breaks: Caddy retries it.
+			close(arrived)
+			<-release
+			if conn, _, err := rw.(http.Hijacker).Hijack(); err == nil {
+				conn.Close()
+			}
+			return
+		}
+		old.serve(rw, r)
+	}))
+	t.Cleanup(old.srv.Close)
+	next := newTestWorker(t, "next", 0.1, 0)
+	config := func(w *testWorker) string {
+		return fmt.Sprintf(`{
+	admin localhost:2999
+	http_port 9080
+	skip_install_trust
+	sglang_load {
+		interval 100ms
+	}
+}
+http://127.0.0.1:9080 {
+	reverse_proxy %s {
+		lb_policy sglang_load
+		lb_retries 2
+	}
+}
+`, w.addr())
+	}
+	tester := caddytest.NewTester(t)
+	tester.InitServer(config(old), "caddyfile")
+	waitPolls(t, 1, old)
+
+	type answer struct {
+		worker string
+		err    error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		resp, err := http.Get(proxyURL)
+		if err != nil {
+			answered <- answer{err: err}
+			return
+		}
+		resp.Body.Close()
+		answered <- answer{worker: resp.Header.Get("X-Worker"), err: err}
+	}()
+	<-arrived
+	admin := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	if err := loadConfig(admin, adapt(t, config(next))); err != nil {
+		t.Fatal(err)
+	}
+	close(release) // the replaced config is cleaned up: its request retries now
+	if a := <-answered; a.err != nil || a.worker != "old" {
+		t.Fatalf("the retried request: answered by %q, %v; want old", a.worker, a.err)
+	}
+	series := fmt.Sprintf("endpoint=%q", "http://"+old.addr())
+	eventually(t, 3*time.Second, func() bool { return !strings.Contains(scrape(t), series) },
+		"the metrics to have no series of %s, which only the replaced config polled", old.addr())
 }

@@ -61,6 +61,7 @@ type Monitor struct {
 
 	mu      sync.Mutex
 	pollers map[string]*poller
+	closed  bool            // by Close: Add refuses
 	ctx     context.Context // nil until Start
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -84,6 +85,13 @@ type poller struct {
 	done     chan struct{}
 }
 
+// Add's errors: a key that is registered (one whose Remove has not returned yet, too), and a monitor
+// that Close closed, whose poller would never run nor its fetcher be closed.
+var (
+	ErrRegistered = errors.New("already registered")
+	ErrClosed     = errors.New("monitor closed")
+)
+
 // Add registers an endpoint. A started monitor polls it at once.
 func (m *Monitor) Add(t Target) error {
 	if t.Interval <= 0 || t.Timeout <= 0 || t.Fetcher == nil || t.State == nil {
@@ -91,8 +99,11 @@ func (m *Monitor) Add(t Target) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.closed {
+		return fmt.Errorf("endpoint %s: %w", t.Key, ErrClosed)
+	}
 	if _, ok := m.pollers[t.Key]; ok {
-		return fmt.Errorf("endpoint %s is already registered", t.Key)
+		return fmt.Errorf("endpoint %s: %w", t.Key, ErrRegistered)
 	}
 	p := &poller{target: t}
 	p.interval.Store(int64(t.Interval))
@@ -159,12 +170,13 @@ func (m *Monitor) Stop() {
 	m.wg.Wait()
 }
 
-// Close stops the monitor and closes every fetcher.
+// Close stops the monitor and closes every fetcher; Add refuses from then on.
 func (m *Monitor) Close() {
 	m.Stop()
 	m.mu.Lock()
 	pollers := m.pollers
 	m.pollers = make(map[string]*poller)
+	m.closed = true
 	m.mu.Unlock()
 	for _, p := range pollers {
 		closeFetcher(p)

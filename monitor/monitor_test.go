@@ -124,8 +124,8 @@ func TestStopWaitsAndRemoveCloses(t *testing.T) {
 	f := okFetcher()
 	st := new(State)
 	_ = m.Add(Target{Key: "a", Fetcher: f, Interval: 5 * time.Millisecond, Timeout: time.Second, State: st})
-	if err := m.Add(Target{Key: "a", Fetcher: f, Interval: 5 * time.Millisecond, Timeout: time.Second, State: st}); err == nil {
-		t.Fatal("a duplicate key was accepted")
+	if err := m.Add(Target{Key: "a", Fetcher: f, Interval: 5 * time.Millisecond, Timeout: time.Second, State: st}); !errors.Is(err, ErrRegistered) {
+		t.Fatalf("a duplicate key: error %v, want ErrRegistered", err)
 	}
 	m.Start()
 	eventually(t, time.Second, func() bool { return f.calls.Load() >= 3 }, "polls")
@@ -142,6 +142,10 @@ func TestStopWaitsAndRemoveCloses(t *testing.T) {
 	m.Stop()
 	if f.calls.Load() != stopped {
 		t.Fatal("polled after Remove")
+	}
+	m.Close()
+	if err := m.Add(Target{Key: "b", Fetcher: okFetcher(), Interval: time.Second, Timeout: time.Second, State: new(State)}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Add after Close: error %v, want ErrClosed", err)
 	}
 }
 
