@@ -535,7 +535,7 @@ func (p *Policy) registerLate(dial string) *endpoint {
 	case errors.Is(err, monitor.ErrRegistered):
 		return nil // forgotten as it came back, its poller not yet stopped: the next pass registers it
 	case errors.Is(err, monitor.ErrClosed):
-		return nil // a request of a replaced config, retrying after its cleanup: routed without loads
+		return nil // a request a reload left running, new to this replaced config: routed without its load
 	}
 	if err != nil {
 		p.skipped.Store(dial, struct{}{})
@@ -604,8 +604,9 @@ func (p *Policy) Cleanup() error {
 	}
 	p.app.removeSweeper(p)
 	p.mu.Lock()
+	// The endpoints stay for the requests a reload left running, which may still retry: they read
+	// the last reports, which the next config goes on updating for the workers it keeps polling.
 	eps := p.endpoints.Load()
-	p.endpoints.Store(&map[string]*endpoint{})
 	if x := p.index.Swap(nil); x != nil {
 		x.release()
 	}
