@@ -45,6 +45,12 @@ func adapt(t *testing.T, cfg string) []byte {
 	return out
 }
 
+// newAdminClient is a client for loadConfig. Each load replaces the admin server, which closes the
+// connection a load came on: every load dials anew.
+func newAdminClient() *http.Client {
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+}
+
 // loadConfig posts a JSON config to the admin API's /load and returns once Caddy runs it.
 func loadConfig(client *http.Client, cfg []byte) error {
 	resp, err := client.Post(adminURL+"/load", "application/json", bytes.NewReader(cfg))
@@ -202,8 +208,7 @@ http://127.0.0.1:9080 {
 	tester.InitServer(caddyfile("interval 100ms\n\t\tstale_after 10s", "choose least", busy, mid, idle), "caddyfile")
 	waitPolls(t, 2, busy, mid, idle)
 
-	// Each load replaces the admin server, which closes the connection a load came on: every load dials anew.
-	admin := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	admin := newAdminClient()
 	traffic := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	closeIdle := func() {
 		admin.CloseIdleConnections()
@@ -313,7 +318,7 @@ func goroutineDump() string {
 func TestSelectAfterCleanupRegistersNothing(t *testing.T) {
 	arrived, release := make(chan struct{}), make(chan struct{})
 	var first atomic.Bool
-	old := &testWorker{name: "old", release: make(chan struct{})}
+	old := &testWorker{name: "old"}
 	old.setLoad(0.1, 0)
 	old.srv = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/v1/loads" && first.CompareAndSwap(false, true) {
@@ -362,11 +367,10 @@ http://127.0.0.1:9080 {
 			return
 		}
 		resp.Body.Close()
-		answered <- answer{worker: resp.Header.Get("X-Worker"), err: err}
+		answered <- answer{worker: resp.Header.Get("X-Worker")}
 	}()
 	<-arrived
-	admin := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	if err := loadConfig(admin, adapt(t, config(next))); err != nil {
+	if err := loadConfig(newAdminClient(), adapt(t, config(next))); err != nil {
 		t.Fatal(err)
 	}
 	close(release) // the replaced config is cleaned up: its request retries now
