@@ -131,8 +131,9 @@ type affinityCandidates struct {
 	poolView
 	known []workerSlot // the static pool's workers by position (poolIndex.workers), else nil
 	cands [64]affinityCandidate
-	// meanCap is the fleet's mean batch cap, the weight of positions past len(cands).
-	meanCap float64
+	// meanWeight is the weight of positions past len(cands): the fleet's mean batch cap times its mean
+	// prefill speed.
+	meanWeight float64
 }
 
 type affinityCandidate struct {
@@ -144,9 +145,9 @@ type affinityCandidate struct {
 	// candidate's report is read for its cost and again for its cost alone.
 	ep  *endpoint
 	rep *loadpolicy.Report
-	// cap is the batch cap (max_running_requests), the fleet's mean where unknown: the worker's share
-	// of the keys.
-	cap float64
+	// weight is the worker's share of the keys (see look), and speed its lifetime prefill speed per
+	// rank (0 if unknown), which look weighs it by.
+	weight, speed float64
 }
 
 // candidatesPool keeps the candidates of a Select for the next one: they are 2.5 KiB, which a
@@ -156,54 +157,70 @@ var candidatesPool = sync.Pool{New: func() any { return new(affinityCandidates) 
 // reset makes c the pool as Select sees it now, with nothing looked up yet.
 func (c *affinityCandidates) reset(p *Policy, pool reverseproxy.UpstreamPool, x *poolIndex) {
 	clear(c.cands[:min(len(pool), len(c.cands))]) // look fills the positions it reads
-	c.poolView, c.known, c.meanCap = poolView{}, nil, 0
+	c.poolView, c.known, c.meanWeight = poolView{}, nil, 0
 	c.init(p, pool, x)
 	if x != nil {
 		c.known = x.workers
 	}
 }
 
-// look notes each position's worker and load, and weighs it by its batch cap: one pass over the pool,
-// which Choose's pass over every candidate then reads without looking again.
+// look notes each position's worker and load, and its weight: one pass over the pool, which Choose's
+// pass over every candidate then reads without looking again.
+//
+// A worker's weight, its share of the keys, is what it serves at once (its batch cap) times how fast
+// it serves each (its lifetime prefill speed per rank, which the cost model's fleet ratio carries to
+// decode too). Weighed by batch cap alone, the benchmark's 1x worker, at a quarter of the 4x one's
+// batch and speed, was home to a seventh of the shared prefixes where it does a twenty-first of the
+// work, and its decode made the p99. A worker whose report lacks either takes the fleet's mean of it;
+// with no batch cap known, every worker weighs alike.
 func (c *affinityCandidates) look() {
 	n := min(len(c.pool), len(c.cands))
 	now := c.now.UnixNano()
-	var sum float64
-	known := 0
+	var capSum, speedSum float64
+	caps, speeds := 0, 0
 	for i := range n {
 		cand := &c.cands[i]
 		if u := c.pool[i]; u.Available() {
 			cand.worker, cand.load = c.workerOf(i), float64(u.NumRequests())
 		}
-		if cap := c.batchCap(i, now); cap > 0 {
-			cand.cap = float64(cap)
-			sum += cand.cap
-			known++
+		batchCap, speed := c.capacity(i, now)
+		if batchCap > 0 {
+			cand.weight = float64(batchCap)
+			capSum += cand.weight
+			caps++
+		}
+		if speed > 0 {
+			cand.speed = speed
+			speedSum += speed
+			speeds++
 		}
 	}
-	if known == 0 {
+	if caps == 0 {
 		return
 	}
-	c.meanCap = sum / float64(known)
+	meanCap, meanSpeed := capSum/float64(caps), 1.0
+	if speeds > 0 {
+		meanSpeed = speedSum / float64(speeds)
+	}
+	c.meanWeight = meanCap * meanSpeed
 	for i := range n {
-		if c.cands[i].cap == 0 {
-			c.cands[i].cap = c.meanCap // an unknown worker takes a mean share
-		}
+		cand := &c.cands[i]
+		cand.weight = cmp.Or(cand.weight, meanCap) * cmp.Or(cand.speed, meanSpeed)
 	}
 }
 
-// batchCap is upstream i's batch cap from its fresh report, 0 if none: from the static pool's slot,
-// without the report, where it has one.
-func (c *affinityCandidates) batchCap(i int, now int64) int64 {
+// capacity is upstream i's batch cap and lifetime prefill speed per rank from its fresh report, zeros
+// if none: from the static pool's slot, without the report, where it has one.
+func (c *affinityCandidates) capacity(i int, now int64) (int64, float64) {
 	if c.byIndex != nil && c.byIndex[i] != nil {
-		return c.slots[i].batchCap(now)
+		return c.slots[i].capacity(now)
 	}
 	if ep := c.endpoint(i); ep != nil {
 		if rep := c.report(i, ep); rep != nil {
-			return rep.MaxRunning
+			return rep.MaxRunning, rep.LifetimePrefillPerRank
 		}
 	}
-	return 0
+	return 0, 0
 }
 
 // homeWorkers is the pool as a placement of homes sees it.
@@ -268,13 +285,13 @@ func (c *affinityCandidates) Load(i int) float64 {
 	return float64(c.pool[i].NumRequests())
 }
 
-// Weight is the upstream's batch cap (the fleet's mean where unknown); 0, which Choose counts as 1 for
-// every worker alike, when no fresh report has one.
+// Weight is the upstream's share of the keys (see look); 0, which Choose counts as 1 for every worker
+// alike, when no fresh report has a batch cap.
 func (c *affinityCandidates) Weight(i int) float64 {
 	if i < len(c.cands) {
-		return c.cands[i].cap
+		return c.cands[i].weight
 	}
-	return c.meanCap
+	return c.meanWeight
 }
 
 func (c *affinityCandidates) Alone(i int) float64 {

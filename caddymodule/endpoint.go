@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"maps"
+	"math"
 	"net"
 	"slices"
 	"sync"
@@ -87,11 +88,12 @@ func (w watcher) fill(rep *loadpolicy.Report) {
 	staleAfter := w.ep.staleness.Load()
 	w.slot.rep.Store(rep)
 	w.slot.staleAfter.Store(staleAfter)
-	capUntil, maxRunning := int64(0), int64(0)
+	capUntil, maxRunning, prefill := int64(0), int64(0), 0.0
 	if rep != nil {
-		capUntil, maxRunning = rep.Received.UnixNano()+staleAfter, rep.MaxRunning
+		capUntil, maxRunning, prefill = rep.Received.UnixNano()+staleAfter, rep.MaxRunning, rep.LifetimePrefillPerRank
 	}
 	w.slot.maxRunning.Store(maxRunning)
+	w.slot.prefillPerRank.Store(math.Float64bits(prefill))
 	w.slot.capUntil.Store(capUntil)
 }
 
@@ -100,17 +102,20 @@ func (w watcher) fill(rep *loadpolicy.Report) {
 type reportSlot struct {
 	rep        atomic.Pointer[loadpolicy.Report] // sharedState.usable
 	staleAfter atomic.Int64                      // endpoint.staleness
-	// maxRunning is rep's batch cap, and capUntil when rep goes stale (Unix nanoseconds; 0 for no
-	// rep): affinity weighs every upstream by its cap, and reads them here in order without rep.
+	// maxRunning and prefillPerRank are rep's batch cap and lifetime prefill speed per rank (float64
+	// bits), and capUntil when rep goes stale (Unix nanoseconds; 0 for no rep): affinity weighs every
+	// upstream by them, and reads them here in order without rep.
 	maxRunning, capUntil atomic.Int64
+	prefillPerRank       atomic.Uint64
 }
 
-// batchCap is the fresh report's batch cap at now (Unix nanoseconds), 0 if none.
-func (s *reportSlot) batchCap(now int64) int64 {
+// capacity is the fresh report's batch cap and lifetime prefill speed per rank at now (Unix
+// nanoseconds), zeros if none.
+func (s *reportSlot) capacity(now int64) (int64, float64) {
 	if now > s.capUntil.Load() {
-		return 0
+		return 0, 0
 	}
-	return s.maxRunning.Load()
+	return s.maxRunning.Load(), math.Float64frombits(s.prefillPerRank.Load())
 }
 
 // fresh is endpoint.fresh on the slot's copy.

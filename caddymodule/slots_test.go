@@ -22,11 +22,12 @@ func (f *switchFetcher) Fetch(context.Context) (*loadpolicy.Report, error) {
 		return nil, *err
 	}
 	return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{{Running: 1, MaxRunning: 48,
-		Fields: loadpolicy.FieldRunning | loadpolicy.FieldMaxRunning}}), nil
+		PrefillUncachedTokens: 8000, PrefillBusyUS: 1e6,
+		Fields: loadpolicy.FieldRunning | loadpolicy.FieldMaxRunning | loadpolicy.FieldPrefillCounters}}), nil
 }
 
-// The static pool's slots must tell what endpoint.fresh tells, and its report's batch cap while it is
-// fresh, after every change of what it reads: a poll's report, the unreachable flag, the staleness;
+// The static pool's slots must tell what endpoint.fresh tells, and its report's batch cap and prefill
+// speed while it is fresh, after every change of what it reads: a poll's report, the unreachable flag, the staleness;
 // for an index of a new config that shares the old config's state and sees its polls; and no longer
 // once released.
 func TestSlotsFollowFresh(t *testing.T) {
@@ -69,12 +70,13 @@ func TestSlotsFollowFresh(t *testing.T) {
 			if got != want {
 				t.Errorf("%s, at +%s: slot %p, endpoint.fresh %p", step, at.Sub(now).Round(time.Second), got, want)
 			}
-			wantCap := int64(0)
+			wantCap, wantSpeed := int64(0), 0.0
 			if want != nil {
-				wantCap = want.MaxRunning
+				wantCap, wantSpeed = want.MaxRunning, want.LifetimePrefillPerRank
 			}
-			if c := x.slots[0].batchCap(at.UnixNano()); c != wantCap {
-				t.Errorf("%s, at +%s: slot's batch cap %d, want %d", step, at.Sub(now).Round(time.Second), c, wantCap)
+			if c, speed := x.slots[0].capacity(at.UnixNano()); c != wantCap || speed != wantSpeed {
+				t.Errorf("%s, at +%s: slot's batch cap %d and prefill speed %g, want %d and %g",
+					step, at.Sub(now).Round(time.Second), c, speed, wantCap, wantSpeed)
 			}
 		}
 		if got := cur.fresh(now) != nil; got != wantFresh {

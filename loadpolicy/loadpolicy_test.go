@@ -49,6 +49,32 @@ func TestNewReportSanitises(t *testing.T) {
 	}
 }
 
+// The lifetime prefill speed is one rank's: the ranks' prefilled tokens over their busy time summed, and
+// none where a rank lacks the counters, sent a negative one, or prefill has been busy too briefly.
+func TestLifetimePrefillPerRank(t *testing.T) {
+	counters := func(tokens, busyUS int64) Rank {
+		return Rank{PrefillUncachedTokens: tokens, PrefillBusyUS: busyUS, Fields: FieldPrefillCounters}
+	}
+	tests := []struct {
+		name  string
+		ranks []Rank
+		want  float64
+	}{
+		{"one rank", []Rank{counters(8000, 2e6)}, 4000},
+		{"two ranks, each busy its share", []Rank{counters(12000, 1e6), counters(4000, 1e6)}, 8000},
+		{"a rank without counters", []Rank{counters(8000, 2e6), {}}, 0},
+		{"a negative counter", []Rank{counters(-1, 2e6)}, 0},
+		{"busy less than minPrefillBusy", []Rank{counters(80, minPrefillBusy.Microseconds()-1)}, 0},
+		{"busy minPrefillBusy", []Rank{counters(80, minPrefillBusy.Microseconds())}, 4000},
+		{"no ranks", nil, 0},
+	}
+	for _, tt := range tests {
+		if got := NewReport(time.Now(), "", tt.ranks).LifetimePrefillPerRank; got != tt.want {
+			t.Errorf("%s: LifetimePrefillPerRank = %g, want %g", tt.name, got, tt.want)
+		}
+	}
+}
+
 func TestSignals(t *testing.T) {
 	tests := []struct {
 		name  string

@@ -64,6 +64,11 @@ type Report struct {
 	GenThroughput                                                                   float64
 	// MaxTokenUsage is the usage of the hottest rank: averaging over ranks would hide it.
 	MaxTokenUsage float64
+	// LifetimePrefillPerRank is one rank's prefill speed over the worker's life, tokens/s: the ratio of
+	// its cumulative prefill counters, which every Caddy instance reading them finds alike (a speed
+	// measured between two polls depends on when each one polled). 0 when a rank lacks the counters or
+	// prefill has been busy for less than minPrefillBusy.
+	LifetimePrefillPerRank float64
 
 	// Inflight is the proxy's own in-flight request count to this worker when the poll answered; the
 	// policy adds the requests started since then.
@@ -87,6 +92,8 @@ func (r *Report) Signals() *Signals { return &r.signals }
 func NewReport(received time.Time, version string, ranks []Rank) *Report {
 	r := &Report{Received: received, Version: version, Ranks: ranks}
 	var usageKnown bool
+	prefillCounters := len(r.Ranks) > 0
+	var prefilled, prefillBusyUS int64
 	for i := range r.Ranks {
 		rk := &r.Ranks[i]
 		sanitize(rk)
@@ -101,6 +108,13 @@ func NewReport(received time.Time, version string, ranks []Rank) *Report {
 			usageKnown = true
 			r.MaxTokenUsage = math.Max(r.MaxTokenUsage, u)
 		}
+		prefillCounters = prefillCounters && rk.Has(FieldPrefillCounters)
+		prefilled += rk.PrefillUncachedTokens
+		prefillBusyUS += rk.PrefillBusyUS
+	}
+	if prefillCounters && time.Duration(prefillBusyUS)*time.Microsecond >= minPrefillBusy {
+		// Busy time summed over ranks: tokens per busy second is one rank's speed.
+		r.LifetimePrefillPerRank = float64(prefilled) / (float64(prefillBusyUS) / 1e6)
 	}
 	r.signals = deriveSignals(r, usageKnown)
 	r.work = deriveWorkload(r)
