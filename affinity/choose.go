@@ -72,7 +72,8 @@ type Candidates interface {
 	Worker(i int) Worker
 	// Load is candidate i's load for the balance bound: a count, such as its requests in flight.
 	Load(i int) float64
-	// Weight is candidate i's share of the keys, such as its batch or KV capacity; 1 for all alike.
+	// Weight is candidate i's share of the keys, such as what it serves (batch cap times speed); 1 for
+	// all alike.
 	Weight(i int) float64
 	// Cost is the time the request would take on candidate i if cachedTokens of its prompt were
 	// cached there; not ok for a candidate that must not be chosen (unavailable).
@@ -126,7 +127,7 @@ type Choice struct {
 //
 // A key known to be shared goes to its home unless load says otherwise. The home is the first worker
 // within the bound in the weighted rendezvous order of the key's first RendezvousBlocks blocks (a
-// worker's share of keys in proportion to its Weight, so each cache holds what fits there), or the
+// worker's share of keys in proportion to its Weight, so each does its share of the work), or the
 // worker a placement moved the key to (Key.Home, see Homes) while that one is within the bound. It
 // alone is credited with the known depth: crediting every worker the index names would keep a prefix
 // that went elsewhere once on two workers, and the fastest would collect copies of all of them. Caddy
