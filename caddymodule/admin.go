@@ -180,6 +180,10 @@ type scoreView struct {
 	CostSeconds *float64 `json:"cost_seconds,omitempty"`
 	// PrefillTokensPerSec is the prefill speed measured from the worker's counters; absent when not measured.
 	PrefillTokensPerSec *float64 `json:"prefill_tokens_per_sec,omitempty"`
+	// PrefillLifetimePerRank is one rank's prefill speed over the worker's life, from its cumulative
+	// counters: with affinity, the worker's share of the keys is its batch cap times this. Absent
+	// without the counters.
+	PrefillLifetimePerRank *float64 `json:"prefill_lifetime_tokens_per_sec_per_rank,omitempty"`
 	// DecodeAloneTokensPerSec is the decode speed of a request alone that the worker's recent reports
 	// support; absent until a report caught it decoding.
 	DecodeAloneTokensPerSec *float64 `json:"decode_alone_tokens_per_sec,omitempty"`
@@ -269,6 +273,9 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 			}
 			if speed, ok := fresh.PrefillTokensPerSec(); ok {
 				v.Score.PrefillTokensPerSec = &speed
+			}
+			if speed := fresh.LifetimePrefillPerRank; speed > 0 {
+				v.Score.PrefillLifetimePerRank = &speed
 			}
 			if speed := fresh.DecodeAloneTokensPerSec(); speed > 0 {
 				v.Score.DecodeAloneTokensPerSec = &speed

@@ -13,7 +13,7 @@ import (
 
 // With affinity, a worker's share of the keys is its batch cap times its lifetime prefill speed per
 // rank; a worker whose report lacks one takes the fleet's mean of it, through the static pool's slots
-// and through a dynamic pool's endpoints alike.
+// and through a dynamic pool's endpoints alike. The admin view shows the speed.
 func TestAffinityWeighsByBatchCapAndSpeed(t *testing.T) {
 	type worker struct {
 		batchCap      int64 // 0: not sent
@@ -57,6 +57,22 @@ func TestAffinityWeighsByBatchCapAndSpeed(t *testing.T) {
 			})
 			if err != nil {
 				t.Fatal(err)
+			}
+			// The admin view shows each worker's lifetime prefill speed per rank, the weight's factor.
+			for i, u := range pool {
+				w, ep := tt.workers[i], (*p.endpoints.Load())[u.Dial]
+				v := ep.view(time.Now(), nil)
+				var got float64
+				if v.Score != nil && v.Score.PrefillLifetimePerRank != nil {
+					got = *v.Score.PrefillLifetimePerRank
+				}
+				want := 0.0
+				if w.busyS > 0 {
+					want = float64(w.tokens) / float64(w.busyS*int64(w.ranks))
+				}
+				if v.Score == nil || got != want {
+					t.Errorf("admin view of worker %d: score %+v, prefill_lifetime_tokens_per_sec_per_rank %g, want %g", i, v.Score, got, want)
+				}
 			}
 			for _, static := range []bool{true, false} {
 				c := new(affinityCandidates)
