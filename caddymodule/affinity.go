@@ -150,7 +150,7 @@ type affinityCandidate struct {
 	weight, speed float64
 }
 
-// candidatesPool keeps the candidates of a Select for the next one: they are 2.5 KiB, which a
+// candidatesPool keeps the candidates of a Select for the next one: they are 3.7 KiB, which a
 // request would otherwise allocate and the collector trace.
 var candidatesPool = sync.Pool{New: func() any { return new(affinityCandidates) }}
 
