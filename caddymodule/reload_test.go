@@ -2,6 +2,7 @@ package caddymodule_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -95,6 +96,37 @@ func closingWorker(t *testing.T, name string, tokenUsage float64, waiting int) *
 		w.srv.Close()
 	})
 	return w
+}
+
+// workerStates is what the admin view says of each worker now (state, report age, in flight, the
+// score's signal and value), for a failure message; the error where the view cannot be read.
+func workerStates(admin *http.Client, ws ...*testWorker) string {
+	resp, err := admin.Get(adminURL + "/sglang_load/workers")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	var list []worker
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, w := range ws {
+		for _, v := range list {
+			if len(v.Upstreams) == 0 || v.Upstreams[0] != w.addr() {
+				continue
+			}
+			fmt.Fprintf(&b, "%s: %s, report age %v s, in flight %d", w.name, v.State, ptr(v.ReportAgeSeconds), v.Inflight)
+			if v.Score != nil {
+				fmt.Fprintf(&b, ", %s %g", v.Score.Signal, v.Score.Value)
+			}
+			if v.LastError != "" {
+				fmt.Fprintf(&b, ", last error %q", v.LastError)
+			}
+			b.WriteString("; ")
+		}
+	}
+	return b.String()
 }
 
 // getOnce sends a GET through Caddy, again once if its connection broke before any answer, and
@@ -218,7 +250,8 @@ http://127.0.0.1:9080 {
 	probe := func(i int) {
 		t.Helper()
 		if w, _, err := getOnce(traffic); err != nil || w != "idle" {
-			t.Errorf("request right after reload %d: answered by %q, %v; want 200 from the least loaded worker", i, w, err)
+			t.Errorf("request right after reload %d: answered by %q, %v; want 200 from the least loaded worker; workers now: %s",
+				i, w, err, workerStates(admin, busy, mid, idle))
 		}
 	}
 
