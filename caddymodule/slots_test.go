@@ -27,9 +27,9 @@ func (f *switchFetcher) Fetch(context.Context) (*loadpolicy.Report, error) {
 }
 
 // The static pool's slots must tell what endpoint.fresh tells, and its report's batch cap and prefill
-// speed while it is fresh, after every change of what it reads: a poll's report, the unreachable flag, the staleness;
-// for an index of a new config that shares the old config's state and sees its polls; and no longer
-// once released.
+// speed while it is fresh, after every change of what it reads: a poll's report, the unreachable flag,
+// the staleness; for an index of a new config that shares the old config's state and sees its polls;
+// and no longer once released.
 func TestSlotsFollowFresh(t *testing.T) {
 	const key = "http://slot.test:1"
 	a := &App{logger: zap.NewNop(), endpoints: map[string]*endpoint{}}

@@ -267,12 +267,21 @@ func (r *Report) Follow(prev *Report) {
 	if gap > 0 {
 		r.work.prefillBusy = min(float64(busyUS)/1e6/gap.Seconds()/float64(len(r.Ranks)), 1)
 	}
-	if time.Duration(busyUS)*time.Microsecond < minPrefillBusy {
+	perRank, ok := prefillPerRank(tokens, busyUS)
+	if !ok {
 		return
 	}
-	// Busy time summed over ranks: tokens per busy second is one rank's speed; the worker has ranks of them.
-	r.work.prefill = float64(tokens) / (float64(busyUS) / 1e6) * float64(len(r.Ranks))
+	r.work.prefill = perRank * float64(len(r.Ranks)) // the worker has ranks of them
 	r.work.prefillOK = true
+}
+
+// prefillPerRank is one rank's prefill speed, tokens/s, from the tokens prefilled in busyUS
+// microseconds of prefill summed over ranks; not ok below minPrefillBusy.
+func prefillPerRank(tokens, busyUS int64) (float64, bool) {
+	if time.Duration(busyUS)*time.Microsecond < minPrefillBusy {
+		return 0, false
+	}
+	return float64(tokens) / (float64(busyUS) / 1e6), true
 }
 
 // keptAfter is the weight a sum keeps after gap: half for every decodeMemory, all of it for no time

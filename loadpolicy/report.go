@@ -112,9 +112,8 @@ func NewReport(received time.Time, version string, ranks []Rank) *Report {
 		prefilled += rk.PrefillUncachedTokens
 		prefillBusyUS += rk.PrefillBusyUS
 	}
-	if prefillCounters && time.Duration(prefillBusyUS)*time.Microsecond >= minPrefillBusy {
-		// Busy time summed over ranks: tokens per busy second is one rank's speed.
-		r.LifetimePrefillPerRank = float64(prefilled) / (float64(prefillBusyUS) / 1e6)
+	if prefillCounters {
+		r.LifetimePrefillPerRank, _ = prefillPerRank(prefilled, prefillBusyUS)
 	}
 	r.signals = deriveSignals(r, usageKnown)
 	r.work = deriveWorkload(r)
