@@ -166,11 +166,6 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	// the first it found is not.
 	rkey := key.rendezvousKey()
 	var top rendezvousTop
-	offer := func(i int, w Worker, load float64) {
-		if weight, u := positive(c.Weight(i)), uniform(rkey, w.Hash); !top.turnsAway(weight, u) {
-			top.offer(ranked{i: i, load: load, weight: weight, u: u})
-		}
-	}
 	var total float64
 	avail := 0
 	for i := range n {
@@ -181,7 +176,7 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		load := c.Load(i)
 		total += load
 		avail++
-		offer(i, w, load)
+		top.consider(i, rkey, w, load, c.Weight(i))
 	}
 	mean := (total + 1) / float64(max(avail, 1))
 	bound := math.Ceil(max(factor*mean, mean+BalanceSlack))
@@ -190,7 +185,7 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		for i := range n {
 			w := c.Worker(i)
 			if load := c.Load(i); w.ID != 0 && load+1 <= bound {
-				offer(i, w, load)
+				top.consider(i, rkey, w, load, c.Weight(i))
 			}
 		}
 	}
@@ -366,7 +361,15 @@ func (t *rendezvousTop) offer(c ranked) {
 	t.r[j] = c
 }
 
-// turnsAway says, without a call, that offer would turn away a candidate of weight and u: most
+// consider offers candidate i, worker w, for the key rkey's order: one piece of code for Choose's order
+// and a placement's.
+func (t *rendezvousTop) consider(i int, rkey uint64, w Worker, load, weight float64) {
+	if weight, u := positive(weight), uniform(rkey, w.Hash); !t.turnsAway(weight, u) {
+		t.offer(ranked{i: i, load: load, weight: weight, u: u})
+	}
+}
+
+// turnsAway says that offer would turn away a candidate of weight and u, without offering it: most
 // candidates of a large fleet of one weight.
 func (t *rendezvousTop) turnsAway(weight, u float64) bool {
 	return t.n == MaxPriced && !t.byScore && weight == t.weight && u <= t.r[MaxPriced-1].key

@@ -137,9 +137,7 @@ func orderOf(key uint64, workers []HomeWorker) rendezvousTop {
 		if w.Worker.ID == 0 {
 			continue
 		}
-		if weight, u := positive(w.Weight), uniform(key, w.Worker.Hash); !top.turnsAway(weight, u) {
-			top.offer(ranked{i: j, weight: weight, u: u})
-		}
+		top.consider(j, key, w.Worker, 0, w.Weight)
 	}
 	return top
 }
