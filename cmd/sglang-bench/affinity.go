@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ type affinityOptions struct {
 	qualityOptions
 	workloads string
 	option    string // on, off, auto
+	questions int    // per group of the shared-prefix workload
 }
 
 // affinityLB is the lb_policy of the sglang_load affinity row, and headerLB of the session header's.
@@ -51,8 +53,11 @@ type affinityWorkload struct {
 	ideal       string // the analytic ideal, as a formula with its value
 }
 
-func affinityWorkloads() []affinityWorkload {
+// affinityWorkloads are the workloads, the shared-prefix one with questions per group (the default
+// shape's when 0).
+func affinityWorkloads(questions int) []affinityWorkload {
 	sp, ss := defaultSharedPrefix, defaultSessions
+	sp.questions = cmp.Or(questions, sp.questions)
 	// Turn t resends the history: its prompt P_t is the first message, t answers and t more messages. The
 	// simulator, as SGLang's radix cache, keeps prompts and answers: all of P_t but the new message is
 	// cached in the ideal case, nothing of turn 0.
@@ -81,7 +86,7 @@ func affinityWorkloads() []affinityWorkload {
 				"message is cached, the previous answers too (the simulator, as SGLang's radix cache, keeps generated tokens); "+
 				"answers that end early lower it", sessCached/sessPrompt)},
 		{name: "unique",
-			about: "the quality workload (no shared prefix: every prompt starts with a nonce), 512 requests",
+			about: fmt.Sprintf("the quality workload (no shared prefix: every prompt starts with a nonce), %d requests", sp.groups*sp.questions),
 			jobs:  func(seed int64, rate float64) []job { return qualityWorkload(seed, rate, sp.groups*sp.questions) },
 			ideal: "0 (no two prompts share a block)"},
 	}
@@ -136,7 +141,7 @@ func runAffinity(ctx context.Context, o affinityOptions, stdout, stderr io.Write
 	var chosen []affinityWorkload
 	for _, name := range strings.Split(o.workloads, ",") {
 		found := false
-		for _, w := range affinityWorkloads() {
+		for _, w := range affinityWorkloads(o.questions) {
 			if w.name == strings.TrimSpace(name) {
 				chosen, found = append(chosen, w), true
 			}

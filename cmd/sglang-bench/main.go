@@ -54,6 +54,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	instances := fs.String("instances", "1,3", "replicas, affinity: Caddy (or router) instance counts to compare, comma list")
 	var af affinityOptions
 	fs.StringVar(&af.workloads, "workloads", "shared-prefix,sessions,unique", "affinity: workloads, comma list")
+	fs.IntVar(&af.questions, "questions", defaultSharedPrefix.questions, "affinity: questions per group of the shared-prefix workload (each group's first finds nothing cached, so more questions run longer past the start)")
 	fs.StringVar(&af.option, "affinity-option", "auto", "affinity: run the `lb_policy sglang_load { affinity prefix }` row: on, off, or auto (when the binary accepts it)")
 	addr := fs.String("addr", "127.0.0.1:0", "backend: listen address")
 	var m monitorOptions
@@ -127,6 +128,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "affinity":
 		if q.rates == nil {
 			q.rates = []float64{4, 8}
+		}
+		if af.questions < 1 {
+			return fmt.Errorf("-questions %d: must be at least 1", af.questions)
 		}
 		af.qualityOptions = q
 		return runAffinity(ctx, af, stdout, stderr)

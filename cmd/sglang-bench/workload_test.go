@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math"
 	"reflect"
 	"strings"
@@ -221,5 +222,27 @@ func TestIdealCacheRemembersAnswers(t *testing.T) {
 	// promptText of the history is 4 blocks + 17 bytes of roles and newlines: its 4 whole blocks are cached.
 	if c.cached != 4*cacheBlockTokens {
 		t.Fatalf("cached %d tokens of the second turn, want the history's 4 blocks, %d", c.cached, 4*cacheBlockTokens)
+	}
+}
+
+// TestAffinityWorkloadsQuestions checks that -questions sizes the shared-prefix workload, its ideal and
+// the unique one alike, and that 0 keeps the default shape.
+func TestAffinityWorkloadsQuestions(t *testing.T) {
+	for _, tc := range []struct{ questions, want int }{{0, defaultSharedPrefix.questions}, {64, 64}} {
+		for _, w := range affinityWorkloads(tc.questions) {
+			if w.name == "sessions" {
+				continue
+			}
+			requests := defaultSharedPrefix.groups * tc.want
+			if got := len(w.jobs(1, 8)); got != requests {
+				t.Errorf("questions %d: %s has %d requests, want %d", tc.questions, w.name, got, requests)
+			}
+			if w.name == "shared-prefix" && !strings.Contains(w.ideal, fmt.Sprintf("%d/%d", tc.want-1, tc.want)) {
+				t.Errorf("questions %d: ideal %q does not count %d questions", tc.questions, w.ideal, tc.want)
+			}
+			if w.name == "unique" && !strings.Contains(w.about, fmt.Sprintf("%d requests", requests)) {
+				t.Errorf("questions %d: unique workload says %q, want %d requests", tc.questions, w.about, requests)
+			}
+		}
 	}
 }
