@@ -169,11 +169,39 @@ const HomeShare = 0.625
 // Place places the keys seen within HomeKeyTTL of now on workers: in order of their rendezvous scores,
 // highest first over every key and worker, a key goes to the worker where it scores highest among
 // those whose budget still holds its prompt. A key that fits none of its first MaxPriced workers stays
-// at its first, as does every key when no worker's pool is known.
-func (h *Homes) Place(workers []HomeWorker, now int64) {
+// at its first, as does every key when no worker's pool is known. It returns how many keys that the
+// placement before placed too have another home now: each is prefilled again where it goes.
+func (h *Homes) Place(workers []HomeWorker, now int64) int {
 	h.placing.Lock()
 	defer h.placing.Unlock()
-	h.placed.Store(place(h.recent(now), workers))
+	next := place(h.recent(now), workers)
+	return moved(h.placed.Swap(next), next)
+}
+
+// moved is how many keys both placements place have another home in next than in prev.
+func moved(prev, next *placement) int {
+	if prev == nil {
+		return 0
+	}
+	n := 0
+	for k := range next.homes {
+		if _, ok := prev.homes[k]; ok && prev.home(k) != next.home(k) {
+			n++
+		}
+	}
+	return n
+}
+
+// home is the worker (its ID) the placement makes key's home: the one it moved key to, else key's
+// first worker in rendezvous order.
+func (pl *placement) home(key uint64) uint32 {
+	if id := pl.homes[key]; id != 0 {
+		return id
+	}
+	if top := orderOf(key, pl.workers); top.n > 0 {
+		return pl.workers[top.r[0].i].Worker.ID
+	}
+	return 0
 }
 
 type placedKey struct {

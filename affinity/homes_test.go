@@ -50,6 +50,52 @@ func sharedPrefixKeys(n int, tokens int64) []Key {
 	return keys
 }
 
+// Place counts the keys whose home it changed: none on the first placement or when nothing changed,
+// the keys a shrunken budget moves off their first worker, and the same keys when they come back.
+func TestPlaceCountsTheHomesItChanges(t *testing.T) {
+	x := NewIndex(0)
+	const tokens = 2176.0
+	keys := sharedPrefixKeys(64, tokens)
+	h := NewHomes()
+	for _, k := range keys {
+		h.Note(k, 0)
+	}
+	unbounded, tight := homeFleet(x, 0, 0, 0), homeFleet(x, 2*tokens, 0, 0)
+	for _, step := range []struct {
+		name    string
+		workers []HomeWorker
+		want    func() int
+	}{
+		{"first placement", unbounded, func() int { return 0 }},
+		{"the same fleet again", unbounded, func() int { return 0 }},
+		{"worker 0 holds two keys", tight, func() int { return movedOff(h, keys) }},
+		{"the same again", tight, func() int { return 0 }},
+	} {
+		got := h.Place(step.workers, 0)
+		if want := step.want(); got != want {
+			t.Errorf("%s: %d homes changed, want %d", step.name, got, want)
+		}
+	}
+	moved := movedOff(h, keys)
+	if moved == 0 {
+		t.Fatal("no key moved off worker 0: the test needs some")
+	}
+	if got := h.Place(unbounded, 0); got != moved {
+		t.Errorf("worker 0 unbounded again: %d homes changed, want the %d that come back", got, moved)
+	}
+}
+
+// movedOff is how many of keys the latest placement moved off their first worker.
+func movedOff(h *Homes, keys []Key) int {
+	n := 0
+	for _, k := range keys {
+		if h.Of(k) != 0 {
+			n++
+		}
+	}
+	return n
+}
+
 // A worker whose budget holds two of the keys that rank it first keeps the two that score highest
 // there; each other one moves to its second worker, whose budget is unbounded (pool unknown); keys
 // that rank another worker first stay where they are.
@@ -180,15 +226,7 @@ func TestHomesCountRecentSharedKeysOnly(t *testing.T) {
 		t.Fatalf("%d keys rank worker 0 first; the test needs 2", len(first))
 	}
 	a, b := first[0], first[1]
-	movedOf := func(h *Homes) int {
-		n := 0
-		for _, k := range []Key{a, b} {
-			if h.Of(k) != 0 {
-				n++
-			}
-		}
-		return n
-	}
+	movedOf := func(h *Homes) int { return movedOff(h, []Key{a, b}) }
 	h := NewHomes()
 	h.Note(a, 0)
 	h.Note(b, 0)

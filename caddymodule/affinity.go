@@ -119,7 +119,8 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, 
 		now := c.now.UnixMilli()
 		p.homes.Note(st.key, now)
 		if p.homes.Due(now) {
-			go p.homes.Place(c.homeWorkers(), now)
+			workers := c.homeWorkers() // c goes back to its pool when Select returns
+			go func() { metrics.homesMoved.Add(float64(p.homes.Place(workers, now))) }()
 		}
 	}
 	return pool[choice.Index]

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -278,6 +279,10 @@ func TestAffinityPrefix(t *testing.T) {
 	page := scrape(t)
 	followedBefore := metricValue(t, page, "caddy_sglang_load_affinity_decisions_total", "outcome", "followed")
 	newBefore := metricValue(t, page, "caddy_sglang_load_affinity_decisions_total", "outcome", "new")
+	movedBefore := metricValue(t, page, "caddy_sglang_load_affinity_homes_moved_total")
+	if math.IsNaN(movedBefore) {
+		t.Fatal("caddy_sglang_load_affinity_homes_moved_total is not exported")
+	}
 
 	send := func(system string, n int) []int64 {
 		return sentTo(ws, func() {
@@ -299,6 +304,10 @@ func TestAffinityPrefix(t *testing.T) {
 	}
 	if got := metricValue(t, page, "caddy_sglang_load_affinity_decisions_total", "outcome", "followed") - followedBefore; got != 30 {
 		t.Errorf("followed decisions grew by %v, want 30", got)
+	}
+	// One prompt on workers with room for it: its home never changes.
+	if got := metricValue(t, page, "caddy_sglang_load_affinity_homes_moved_total") - movedBefore; got != 0 {
+		t.Errorf("homes moved grew by %v with one prompt, want 0", got)
 	}
 
 	// 30 prompts of their own, one request each: rendezvous spreads them over the workers.

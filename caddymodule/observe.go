@@ -72,6 +72,7 @@ var metrics = struct {
 	pollDuration *prometheus.HistogramVec
 	selections   *prometheus.CounterVec
 	affinity     *prometheus.CounterVec
+	homesMoved   prometheus.Counter
 	// Pre-resolved children, so Select counts without a map lookup or an allocation.
 	selectedByLoad, selectedByFallback, selectedNone prometheus.Counter
 	affinityOutcomes                                 [len(affinity.Outcomes)]prometheus.Counter // by affinity.Outcome
@@ -103,6 +104,10 @@ func init() {
 	for _, o := range affinity.Outcomes {
 		metrics.affinityOutcomes[o] = metrics.affinity.WithLabelValues(o.String())
 	}
+	metrics.homesMoved = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "affinity_homes_moved_total",
+		Help: "Shared prompts (affinity prefix) whose home a placement of homes changed: each is prefilled again at its new home.",
+	})
 }
 
 // registerMetrics adds the shared metrics and the app's gauges to the config's registry.
@@ -110,7 +115,7 @@ func (a *App) registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.polls, metrics.pollDuration, metrics.selections, metrics.affinity, gauges{a}} {
+	for _, c := range []prometheus.Collector{metrics.polls, metrics.pollDuration, metrics.selections, metrics.affinity, metrics.homesMoved, gauges{a}} {
 		if err := reg.Register(c); err != nil {
 			if already := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &already) {
 				return err
