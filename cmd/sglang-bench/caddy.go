@@ -216,6 +216,7 @@ type routingCounts struct {
 	byLoad, byFallback float64                         // selections_total by branch
 	polls, pollsFailed float64                         // polls_total: every result, and every result but ok
 	affinity           [len(affinity.Outcomes)]float64 // affinity_decisions_total, by affinity.Outcome
+	homesMoved         float64                         // affinity_homes_moved_total
 }
 
 func (c *routingCounts) add(o routingCounts) {
@@ -226,6 +227,7 @@ func (c *routingCounts) add(o routingCounts) {
 	for i := range c.affinity {
 		c.affinity[i] += o.affinity[i]
 	}
+	c.homesMoved += o.homesMoved
 }
 
 // routingCounts reads the sglang_load counters from the admin API's metrics.
@@ -255,6 +257,8 @@ func (p *caddyProc) routingCounts() (routingCounts, error) {
 			if !strings.Contains(name, `result="ok"`) {
 				c.pollsFailed += value
 			}
+		case name == "caddy_sglang_load_affinity_homes_moved_total":
+			c.homesMoved += value
 		case strings.HasPrefix(name, "caddy_sglang_load_affinity_decisions_total{"):
 			for _, o := range affinity.Outcomes {
 				if name == `caddy_sglang_load_affinity_decisions_total{outcome="`+o.String()+`"}` {
@@ -297,7 +301,7 @@ func (c routingCounts) String() string {
 		}
 	}
 	if len(outcomes) > 0 {
-		s += " affinity " + strings.Join(outcomes, ", ")
+		s += " affinity " + strings.Join(outcomes, ", ") + fmt.Sprintf(", homes moved %.0f", c.homesMoved)
 	}
 	return s
 }

@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/caddy-sglang/caddy-sglang/affinity"
 )
 
 func TestLogTailKeepsTheEnd(t *testing.T) {
@@ -50,6 +52,9 @@ caddy_sglang_load_polls_total{endpoint="127.0.0.1:1",result="ok",transport="http
 caddy_sglang_load_polls_total{endpoint="127.0.0.1:1",result="timeout",transport="http"} 3
 caddy_sglang_load_polls_total{endpoint="127.0.0.1:2",result="ok",transport="http"} 43
 caddy_sglang_load_poll_duration_seconds_count{result="ok",transport="http"} 83
+caddy_sglang_load_affinity_decisions_total{outcome="followed"} 90
+caddy_sglang_load_affinity_decisions_total{outcome="new"} 5
+caddy_sglang_load_affinity_homes_moved_total 2
 `)
 	}))
 	defer srv.Close()
@@ -58,11 +63,12 @@ caddy_sglang_load_poll_duration_seconds_count{result="ok",transport="http"} 83
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := routingCounts{byLoad: 95, byFallback: 5, polls: 86, pollsFailed: 3}
+	want := routingCounts{byLoad: 95, byFallback: 5, polls: 86, pollsFailed: 3, homesMoved: 2}
+	want.affinity[affinity.Followed], want.affinity[affinity.New] = 90, 5
 	if got != want {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
-	if s, want := got.String(), " fallback 5.0% polls failed 3/86"; s != want {
+	if s, want := got.String(), " fallback 5.0% polls failed 3/86 affinity followed 90, new 5, homes moved 2"; s != want {
 		t.Fatalf("String() = %q, want %q", s, want)
 	}
 }
