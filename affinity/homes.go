@@ -54,6 +54,7 @@ type homeKey struct {
 	// reused says that a request will find it cached: it was sent before, or its shape says it is
 	// shared (Key.SharedBlocks). A one-off prompt takes no budget.
 	reused bool
+	shared bool // its shape says it is shared
 }
 
 // HomeKeyTTL is how long, in milliseconds, a key counts towards its home's budget after its latest
@@ -83,7 +84,8 @@ func (h *Homes) Note(key Key, now int64) {
 	k := key.rendezvousKey()
 	h.mu.Lock()
 	if _, again := h.seen[k]; again || len(h.seen) < 4*MaxHomeKeys {
-		h.seen[k] = homeKey{tokens: tokens, last: now, reused: again || key.SharedBlocks > 0}
+		shared := key.SharedBlocks > 0
+		h.seen[k] = homeKey{tokens: tokens, last: now, reused: again || shared, shared: shared}
 	}
 	h.mu.Unlock()
 }
@@ -109,13 +111,15 @@ func (h *Homes) Of(key Key) uint32 {
 	if pl == nil || len(key.Blocks) == 0 {
 		return 0
 	}
-	k := key.rendezvousKey()
-	if id, ok := pl.homes[k]; ok || key.SharedBlocks == 0 {
+	tokens, _ := homeTokens(&key)
+	return pl.of(key.rendezvousKey(), key.SharedBlocks > 0, tokens)
+}
+
+// of is Of for the key whose rendezvous key is k, shared as its shape says, tokens its size in a
+// placement (0 when a placement does not weigh it).
+func (pl *placement) of(k uint64, shared bool, tokens int64) uint32 {
+	if id, ok := pl.homes[k]; ok || !shared || tokens <= 0 {
 		return id
-	}
-	tokens, ok := homeTokens(&key)
-	if !ok {
-		return 0
 	}
 	top := orderOf(k, pl.workers)
 	for j, r := range top.r[:top.n] {
@@ -169,36 +173,34 @@ const HomeShare = 0.625
 // Place places the keys seen within HomeKeyTTL of now on workers: in order of their rendezvous scores,
 // highest first over every key and worker, a key goes to the worker where it scores highest among
 // those whose budget still holds its prompt. A key that fits none of its first MaxPriced workers stays
-// at its first, as does every key when no worker's pool is known. It returns how many keys that the
-// placement before placed too have another home now: each is prefilled again where it goes.
+// at its first, as does every key when no worker's pool is known. It returns how many of the keys it
+// places have another home than the placement before gave them (or would have, for a key it had not
+// seen; see Of): each is prefilled again where it goes.
 func (h *Homes) Place(workers []HomeWorker, now int64) int {
 	h.placing.Lock()
 	defer h.placing.Unlock()
-	next := place(h.recent(now), workers)
-	return moved(h.placed.Swap(next), next)
-}
-
-// moved is how many keys both placements place have another home in next than in prev.
-func moved(prev, next *placement) int {
+	keys := h.recent(now)
+	next := place(keys, workers)
+	prev := h.placed.Swap(next)
 	if prev == nil {
 		return 0
 	}
 	n := 0
-	for k := range next.homes {
-		if _, ok := prev.homes[k]; ok && prev.home(k) != next.home(k) {
+	for _, k := range keys {
+		if prev.home(k) != next.home(k) {
 			n++
 		}
 	}
 	return n
 }
 
-// home is the worker (its ID) the placement makes key's home: the one it moved key to, else key's
-// first worker in rendezvous order.
-func (pl *placement) home(key uint64) uint32 {
-	if id := pl.homes[key]; id != 0 {
+// home is the worker (its ID) that this placement makes k's home, as Of says: where it moved k, or
+// would have put it, else k's first worker in rendezvous order.
+func (pl *placement) home(k placedKey) uint32 {
+	if id := pl.of(k.key, k.shared, k.tokens); id != 0 {
 		return id
 	}
-	if top := orderOf(key, pl.workers); top.n > 0 {
+	if top := orderOf(k.key, pl.workers); top.n > 0 {
 		return pl.workers[top.r[0].i].Worker.ID
 	}
 	return 0
@@ -207,6 +209,7 @@ func (pl *placement) home(key uint64) uint32 {
 type placedKey struct {
 	key    uint64
 	tokens int64
+	shared bool
 }
 
 // recent is the reused keys among the MaxHomeKeys most recent seen within HomeKeyTTL of now; it
@@ -236,7 +239,7 @@ func (h *Homes) recent(now int64) []placedKey {
 	keys := make([]placedKey, 0, len(all))
 	for _, a := range all {
 		if a.reused {
-			keys = append(keys, placedKey{a.key, a.tokens})
+			keys = append(keys, placedKey{a.key, a.tokens, a.shared})
 		}
 	}
 	return keys

@@ -85,6 +85,51 @@ func TestPlaceCountsTheHomesItChanges(t *testing.T) {
 	}
 }
 
+// Place's count is the keys whose home, as Of says, the placement changed: over placements that see
+// more keys each time (one an instance had not seen goes where Of predicted), on fleets whose budgets
+// change.
+func TestPlaceCountsWhatOfSays(t *testing.T) {
+	x := NewIndex(0)
+	const tokens = 2176.0
+	keys := sharedPrefixKeys(48, tokens)
+	rng := rand.New(rand.NewPCG(7, 7))
+	h := NewHomes()
+	ws := homeFleet(x, 3*tokens, 6*tokens, 0)
+	homeOf := func(k Key) uint32 { // Of's home as a worker ID: 0 is the first in the key's order
+		if id := h.Of(k); id != 0 {
+			return id
+		}
+		return ws[byScore(k, ws)[0]].Worker.ID
+	}
+	total := 0
+	for round := range 12 {
+		for _, k := range keys[:min(len(keys), 4*(round+1))] {
+			h.Note(k, int64(round))
+		}
+		before := make([]uint32, len(keys))
+		for i, k := range keys {
+			before[i] = homeOf(k)
+		}
+		if round%3 == 2 { // a budget changes
+			ws = homeFleet(x, float64(1+rng.IntN(4))*tokens, float64(2+rng.IntN(6))*tokens, 0)
+		}
+		got := h.Place(ws, int64(round))
+		want := 0
+		for i, k := range keys[:min(len(keys), 4*(round+1))] {
+			if round > 0 && homeOf(k) != before[i] {
+				want++
+			}
+		}
+		if got != want {
+			t.Errorf("round %d: Place counted %d homes changed, Of says %d", round, got, want)
+		}
+		total += got
+	}
+	if total == 0 {
+		t.Error("no placement changed a home: the test needs some")
+	}
+}
+
 // movedOff is how many of keys the latest placement moved off their first worker.
 func movedOff(h *Homes, keys []Key) int {
 	n := 0
