@@ -25,7 +25,10 @@ type Homes struct {
 // placement is a placement of keys on workers.
 type placement struct {
 	// homes holds every key placed: the ID of the worker it moved to, 0 if it stays at its first.
-	homes   map[uint64]uint32
+	homes map[uint64]uint32
+	// at holds the ID of every key's home that fitted a worker, moved or not: Place compares homes
+	// without drawing each key's order again.
+	at      map[uint64]uint32
 	workers []HomeWorker
 	// left is each worker's budget left; cutoff, of a worker that turned a key away, the least score
 	// of a key it took: a key scoring more there would have taken its place.
@@ -194,9 +197,12 @@ func (h *Homes) Place(workers []HomeWorker, now int64) int {
 	return n
 }
 
-// home is the worker (its ID) that this placement makes k's home, as Of says: where it moved k, or
+// home is the worker (its ID) that this placement makes k's home, as Of says: where it placed k, or
 // would have put it, else k's first worker in rendezvous order.
 func (pl *placement) home(k placedKey) uint32 {
+	if id, ok := pl.at[k.key]; ok {
+		return id
+	}
 	if id := pl.of(k.key, k.shared, k.tokens); id != 0 {
 		return id
 	}
@@ -247,7 +253,7 @@ func (h *Homes) recent(now int64) []placedKey {
 
 // place is Place's placement of keys on workers.
 func place(keys []placedKey, workers []HomeWorker) *placement {
-	pl := &placement{homes: make(map[uint64]uint32, len(keys)), workers: workers,
+	pl := &placement{homes: make(map[uint64]uint32, len(keys)), at: make(map[uint64]uint32, len(keys)), workers: workers,
 		left: make([]float64, len(workers)), cutoff: make([]float64, len(workers)), keys: make([]int, len(workers))}
 	for j, w := range workers {
 		if w.Worker.ID != 0 && w.Pool > 0 {
@@ -298,6 +304,7 @@ func place(keys []placedKey, workers []HomeWorker) *placement {
 		if o.worker != first[o.key] {
 			pl.homes[k.key] = workers[o.worker].Worker.ID
 		}
+		pl.at[k.key] = workers[o.worker].Worker.ID
 	}
 	for i, ok := range placed {
 		if !ok && first[i] >= 0 {
