@@ -24,17 +24,22 @@ type Homes struct {
 
 // placement is a placement of keys on workers.
 type placement struct {
-	// homes holds every key placed: the ID of the worker it moved to, 0 if it stays at its first.
-	homes map[uint64]uint32
-	// at holds the ID of every key's home that fitted a worker, moved or not: Place compares homes
-	// without drawing each key's order again.
-	at      map[uint64]uint32
+	// homes holds every key that fitted a worker: its home, and whether the key moved there off its
+	// first worker.
+	homes   map[uint64]placedHome
 	workers []HomeWorker
 	// left is each worker's budget left; cutoff, of a worker that turned a key away, the least score
 	// of a key it took: a key scoring more there would have taken its place.
 	left, cutoff []float64
 	// keys is how many keys each worker is home to, placed there or staying there for want of room.
 	keys []int
+}
+
+// placedHome is where a placement put a key: id is its home's, kept whether or not the key moved, so
+// that Place compares homes without drawing each key's order again.
+type placedHome struct {
+	id    uint32
+	moved bool
 }
 
 // Keys is how many of the keys seen lately the latest placement makes w home to.
@@ -121,8 +126,11 @@ func (h *Homes) Of(key Key) uint32 {
 // of is Of for the key whose rendezvous key is k, shared as its shape says, tokens its size in a
 // placement (0 when a placement does not weigh it).
 func (pl *placement) of(k uint64, shared bool, tokens int64) uint32 {
-	if id, ok := pl.homes[k]; ok || !shared || tokens <= 0 {
-		return id
+	if h, ok := pl.homes[k]; ok || !shared || tokens <= 0 {
+		if h.moved {
+			return h.id
+		}
+		return 0
 	}
 	top := orderOf(k, pl.workers)
 	for j, r := range top.r[:top.n] {
@@ -200,8 +208,8 @@ func (h *Homes) Place(workers []HomeWorker, now int64) int {
 // home is the worker (its ID) that this placement makes k's home, as Of says: where it placed k, or
 // would have put it, else k's first worker in rendezvous order.
 func (pl *placement) home(k placedKey) uint32 {
-	if id, ok := pl.at[k.key]; ok {
-		return id
+	if h, ok := pl.homes[k.key]; ok {
+		return h.id
 	}
 	if id := pl.of(k.key, k.shared, k.tokens); id != 0 {
 		return id
@@ -253,7 +261,7 @@ func (h *Homes) recent(now int64) []placedKey {
 
 // place is Place's placement of keys on workers.
 func place(keys []placedKey, workers []HomeWorker) *placement {
-	pl := &placement{homes: make(map[uint64]uint32, len(keys)), at: make(map[uint64]uint32, len(keys)), workers: workers,
+	pl := &placement{homes: make(map[uint64]placedHome, len(keys)), workers: workers,
 		left: make([]float64, len(workers)), cutoff: make([]float64, len(workers)), keys: make([]int, len(workers))}
 	for j, w := range workers {
 		if w.Worker.ID != 0 && w.Pool > 0 {
@@ -300,11 +308,7 @@ func place(keys []placedKey, workers []HomeWorker) *placement {
 		pl.keys[o.worker]++
 		pl.left[o.worker] -= float64(k.tokens)
 		least[o.worker] = o.score
-		pl.homes[k.key] = 0
-		if o.worker != first[o.key] {
-			pl.homes[k.key] = workers[o.worker].Worker.ID
-		}
-		pl.at[k.key] = workers[o.worker].Worker.ID
+		pl.homes[k.key] = placedHome{id: workers[o.worker].Worker.ID, moved: o.worker != first[o.key]}
 	}
 	for i, ok := range placed {
 		if !ok && first[i] >= 0 {
