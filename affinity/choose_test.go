@@ -29,11 +29,9 @@ func newFleet(x *Index, n int) *fleet {
 	return f
 }
 
-func (f *fleet) Len() int            { return len(f.workers) }
-func (f *fleet) Worker(i int) Worker { return f.workers[i] }
-func (f *fleet) Load(i int) float64  { return f.inflight[i] }
-func (f *fleet) Weight(int) float64  { return 1 }
-func (f *fleet) Alone(int) float64   { return float64(f.prompt) / f.prefill }
+func (f *fleet) Len() int                                   { return len(f.workers) }
+func (f *fleet) Candidate(i int) (Worker, float64, float64) { return f.workers[i], f.inflight[i], 1 }
+func (f *fleet) Alone(int) float64                          { return float64(f.prompt) / f.prefill }
 func (f *fleet) Cost(i int, cached int64) (float64, bool) {
 	if f.priced != nil {
 		f.priced = append(f.priced, i)

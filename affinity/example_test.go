@@ -18,11 +18,11 @@ type workers struct {
 	prompt   int64
 }
 
-func (w *workers) Len() int                     { return len(w.ws) }
-func (w *workers) Worker(i int) affinity.Worker { return w.ws[i] }
-func (w *workers) Load(i int) float64           { return w.inflight[i] }
-func (w *workers) Weight(int) float64           { return 1 }
-func (w *workers) Alone(int) float64            { return float64(w.prompt) / 10000 }
+func (w *workers) Len() int { return len(w.ws) }
+func (w *workers) Candidate(i int) (affinity.Worker, float64, float64) {
+	return w.ws[i], w.inflight[i], 1
+}
+func (w *workers) Alone(int) float64 { return float64(w.prompt) / 10000 }
 func (w *workers) Cost(i int, cached int64) (float64, bool) {
 	return w.queued[i] + float64(w.prompt-cached)/10000, true
 }

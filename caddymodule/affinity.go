@@ -115,7 +115,8 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, 
 	}
 	p.noteSize(st.size, choice.CachedTokens)
 	if len(st.key.Blocks) > 0 {
-		p.affinityIndex.Record(st.key.Blocks, c.Worker(choice.Index))
+		chosen, _, _ := c.Candidate(choice.Index)
+		p.affinityIndex.Record(st.key.Blocks, chosen)
 		now := c.now.UnixMilli()
 		p.homes.Note(st.key, now)
 		if p.homes.Due(now) {
@@ -229,7 +230,7 @@ func (c *affinityCandidates) homeWorkers() []affinity.HomeWorker {
 	workers := make([]affinity.HomeWorker, len(c.pool))
 	for i := range workers {
 		w := &workers[i]
-		w.Worker, w.Weight = c.Worker(i), c.Weight(i)
+		w.Worker, _, w.Weight = c.Candidate(i)
 		if ep := c.endpoint(i); ep != nil && w.Worker.ID != 0 {
 			if rep := c.fresh(i, ep); rep != nil {
 				w.Pool = rep.MaxTotalTokens
@@ -253,16 +254,20 @@ func (c *affinityCandidates) fresh(i int, ep *endpoint) *loadpolicy.Report {
 
 func (c *affinityCandidates) Len() int { return len(c.pool) }
 
-// Worker is the upstream's worker; the zero Worker, which Choose skips, for an unavailable one. A
-// position look noted is read from there.
-func (c *affinityCandidates) Worker(i int) affinity.Worker {
+// Candidate is the upstream's worker, the zero Worker (which Choose skips) for an unavailable one; the
+// proxy's requests in flight to it; and its share of the keys (see look), 0, which Choose counts as 1
+// for every worker alike, when no fresh report has a batch cap. A position look noted is read from
+// there.
+func (c *affinityCandidates) Candidate(i int) (affinity.Worker, float64, float64) {
 	if i < len(c.cands) {
-		return c.cands[i].worker
+		cand := &c.cands[i]
+		return cand.worker, cand.load, cand.weight
 	}
-	if !c.pool[i].Available() {
-		return affinity.Worker{}
+	var w affinity.Worker
+	if u := c.pool[i]; u.Available() {
+		w = c.workerOf(i)
 	}
-	return c.workerOf(i)
+	return w, float64(c.pool[i].NumRequests()), c.meanWeight
 }
 
 // workerOf is upstream i's worker, kept by position for the static pool so that it is found without
@@ -277,22 +282,6 @@ func (c *affinityCandidates) workerOf(i int) affinity.Worker {
 	w := c.p.workerOf(c.pool[i].Dial)
 	c.known[i].store(w)
 	return w
-}
-
-func (c *affinityCandidates) Load(i int) float64 {
-	if i < len(c.cands) {
-		return c.cands[i].load
-	}
-	return float64(c.pool[i].NumRequests())
-}
-
-// Weight is the upstream's share of the keys (see look); 0, which Choose counts as 1 for every worker
-// alike, when no fresh report has a batch cap.
-func (c *affinityCandidates) Weight(i int) float64 {
-	if i < len(c.cands) {
-		return c.cands[i].weight
-	}
-	return c.meanWeight
 }
 
 func (c *affinityCandidates) Alone(i int) float64 {

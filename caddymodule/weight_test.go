@@ -83,7 +83,7 @@ func TestAffinityWeighsByBatchCapAndSpeed(t *testing.T) {
 				c.reset(p, pool, x)
 				c.look()
 				for i, want := range tt.want {
-					if got := c.Weight(i); math.Abs(got-want) > 1e-9*want {
+					if _, _, got := c.Candidate(i); math.Abs(got-want) > 1e-9*want {
 						t.Errorf("static pool %v: worker %d weighs %g, want %g", static, i, got, want)
 					}
 				}
