@@ -71,7 +71,7 @@ type Candidates interface {
 	// Candidate is candidate i: its worker as the index knows it, its load for the balance bound (a
 	// count, such as its requests in flight), and its weight, its share of the keys (such as what it
 	// serves: batch cap times speed; 1 for all alike). One call for the three: Choose asks for them of
-	// every candidate, and a call for each made a choice at 64 candidates a quarter longer.
+	// every candidate, and a call for each made a choice at 64 candidates a fifth longer.
 	Candidate(i int) (w Worker, load, weight float64)
 	// Cost is the time the request would take on candidate i if cachedTokens of its prompt were
 	// cached there; not ok for a candidate that must not be chosen (unavailable).
