@@ -101,7 +101,8 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, 
 	c := candidatesPool.Get().(*affinityCandidates)
 	defer candidatesPool.Put(c)
 	c.reset(p, pool, x)
-	c.size, c.params = st.size, p.costParams()
+	c.size = st.size
+	p.costParams(&c.params)
 	c.look()
 	st.key.Home = p.homes.Of(st.key)
 	choice := p.affinityIndex.Choose(st.key, c, p.AffinityBalance)
@@ -336,7 +337,7 @@ func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, x *poolIndex, r *h
 	} else {
 		v.size = p.unreadSize(r)
 	}
-	v.params = p.costParams()
+	p.costParams(&v.params)
 	idx, ok := loadpolicy.Choose(p.choice, p.metric, len(pool), v.priced, rand.IntN)
 	if !ok {
 		return p.selectFallback(pool, r, w)

@@ -17,7 +17,7 @@ func TestCostParamsFollowRecentPromptSizes(t *testing.T) {
 	if err := p.parseOptions(); err != nil {
 		t.Fatal(err)
 	}
-	if got := p.costParams().ResidualPromptTokens; got != 0 {
+	if got := paramsOf(p).ResidualPromptTokens; got != 0 {
 		t.Fatalf("before any request: residual %v, want 0", got)
 	}
 	for range 1000 {
@@ -26,10 +26,10 @@ func TestCostParamsFollowRecentPromptSizes(t *testing.T) {
 		}
 		p.noteSize(loadpolicy.Request{PromptTokens: 3800, OutputTokens: 512}, 1800)
 	}
-	if got, want := p.costParams().ResidualPromptTokens, 832000.0/1120; math.Abs(got-want) > 0.05*want {
+	if got, want := paramsOf(p).ResidualPromptTokens, 832000.0/1120; math.Abs(got-want) > 0.05*want {
 		t.Errorf("residual prompt %.0f tokens, want %.0f within 5%%", got, want)
 	}
-	if got, want := p.costParams().MeanOutputTokens, (4*64+512)/5.0; math.Abs(got-want) > 0.05*want {
+	if got, want := paramsOf(p).MeanOutputTokens, (4*64+512)/5.0; math.Abs(got-want) > 0.05*want {
 		t.Errorf("mean output %.1f tokens, want %.1f within 5%%", got, want)
 	}
 }
@@ -42,7 +42,7 @@ func TestCostParamsFleetDecodeRatio(t *testing.T) {
 	if err := p.parseOptions(); err != nil {
 		t.Fatal(err)
 	}
-	if got := p.costParams().DecodePerPrefill; got != 0 {
+	if got := paramsOf(p).DecodePerPrefill; got != 0 {
 		t.Fatalf("before any report: ratio %v, want 0", got)
 	}
 	report := func(gen float64, prefillTokens int64) *loadpolicy.Report {
@@ -59,23 +59,23 @@ func TestCostParamsFleetDecodeRatio(t *testing.T) {
 	const batch2 = 400 / 206.25 // lone requests' worth of decoding in a batch of 2
 	p.fleet.note(report(400, 8000))
 	first := 206.25 / 8000
-	if got := p.costParams().DecodePerPrefill; math.Abs(got-first) > 1e-12 {
+	if got := paramsOf(p).DecodePerPrefill; math.Abs(got-first) > 1e-12 {
 		t.Fatalf("after one report: ratio %v, want %v", got, first)
 	}
 	// The same reading from a worker of half the prefill speed, read at the same moment: the two
 	// readings over the two batches, weighed by their prefill speeds.
 	p.fleet.note(report(400, 4000))
-	if got, want := p.costParams().DecodePerPrefill, (400+400)/(batch2*(8000+4000)); math.Abs(got-want) > 1e-12 {
+	if got, want := paramsOf(p).DecodePerPrefill, (400+400)/(batch2*(8000+4000)); math.Abs(got-want) > 1e-12 {
 		t.Errorf("after two reports: ratio %v, want %v", got, want)
 	}
-	if got, want := p.costParams().DecodeTokensPerSec, 206.25; math.Abs(got-want) > 1e-9 {
+	if got, want := paramsOf(p).DecodeTokensPerSec, 206.25; math.Abs(got-want) > 1e-9 {
 		t.Errorf("fleet's fastest %v, want %v", got, want)
 	}
 	fixed := &Policy{app: app, DecodeTokensPerSec: 120}
 	if err := fixed.parseOptions(); err != nil {
 		t.Fatal(err)
 	}
-	if got := fixed.costParams(); got.DecodeTokensPerSec != 120 || got.DecodePerPrefill != 0 {
+	if got := paramsOf(fixed); got.DecodeTokensPerSec != 120 || got.DecodePerPrefill != 0 {
 		t.Errorf("with decode_tokens_per_sec 120: %v tok/s, ratio %v; want 120 and no ratio", got.DecodeTokensPerSec, got.DecodePerPrefill)
 	}
 }
@@ -151,7 +151,7 @@ func TestCostParamsDelayToOthers(t *testing.T) {
 			if err := p.parseOptions(); err != nil {
 				t.Fatal(err)
 			}
-			if got := p.costParams().DelayToOthers; got != tt.want {
+			if got := paramsOf(p).DelayToOthers; got != tt.want {
 				t.Errorf("delay to others %v, want %v", got, tt.want)
 			}
 		})
@@ -169,8 +169,15 @@ func TestCostParamsOtherSenders(t *testing.T) {
 		if err := p.parseOptions(); err != nil {
 			t.Fatal(err)
 		}
-		if got := p.costParams().OtherSenders; got != tt.want {
+		if got := paramsOf(p).OtherSenders; got != tt.want {
 			t.Errorf("affinity %q: other senders %v, want %v", tt.affinity, got, tt.want)
 		}
 	}
+}
+
+// paramsOf is p's cost parameters for a Select now.
+func paramsOf(p *Policy) loadpolicy.CostParams {
+	var params loadpolicy.CostParams
+	p.costParams(&params)
+	return params
 }

@@ -366,10 +366,11 @@ const (
 	defaultReadBody            = 64 << 10
 )
 
-// costParams are the cost model's stand-ins for this Select: the options, the mean output size of
-// recent requests, and the fleet's decode speeds for a worker not yet measured.
-func (p *Policy) costParams() loadpolicy.CostParams {
-	params := p.costs
+// costParams sets params to the cost model's stand-ins for this Select: the options, the mean output
+// size of recent requests, and the fleet's decode speeds for a worker not yet measured. In place:
+// returning them copied 64 bytes twice, 5% of a Select with the cost metric at 4 upstreams.
+func (p *Policy) costParams(params *loadpolicy.CostParams) {
+	*params = p.costs
 	params.MeanOutputTokens = p.meanOut.Load()
 	if mean := p.meanPrompt.Load(); mean > 0 {
 		params.ResidualPromptTokens = p.meanPromptSq.Load() / (2 * mean)
@@ -378,7 +379,6 @@ func (p *Policy) costParams() loadpolicy.CostParams {
 		fastest, ratio := p.fleet.load()
 		params.DecodeTokensPerSec, params.DecodePerPrefill = max(params.DecodeTokensPerSec, fastest), ratio
 	}
-	return params
 }
 
 // defaultCostParams are the cost model's stand-ins with every option at its default, pricing a
