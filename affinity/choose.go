@@ -125,19 +125,19 @@ type Choice struct {
 //
 // A key known to be shared goes to its home unless load says otherwise. The home is the first worker
 // within the bound in the weighted rendezvous order of the key's first RendezvousBlocks blocks (a
-// worker's share of keys in proportion to its Weight, so each does its share of the work), or the
-// worker a placement moved the key to (Key.Home, see Homes) while that one is within the bound. It
-// alone is credited with the known depth: crediting every worker the index names would keep a prefix
-// that went elsewhere once on two workers, and the fastest would collect copies of all of them. Caddy
-// instances that share nothing agree on the home, from the key, the candidates' names, weights and
-// loads, and the keys they saw lately. A conversation (a key that Continues) is the exception: its
-// first turn, priced as a one-off prompt, may have gone elsewhere, and where this index knows a worker
-// within the bound that holds more of the key than its home, that worker takes the home's place, while
-// this index knows the key's PreviousBlocks; where it knows less, another instance sent the previous
-// turn, and the conversation is priced as one this index has not seen. Candidates are compared by
-// stretch, Cost over Alone: a slow home that is not loaded keeps its keys (in seconds the fastest
-// worker would win them all and its cache could not hold them), and a cache hit on a busy worker loses
-// to a miss on an idle one.
+// worker's share of keys in proportion to the weight Candidate gives, so each does its share of the
+// work), or the worker a placement moved the key to (Key.Home, see Homes) while that one is within the
+// bound. It alone is credited with the known depth: crediting every worker the index names would keep
+// a prefix that went elsewhere once on two workers, and the fastest would collect copies of all of
+// them. Caddy instances that share nothing agree on the home, from the key, the candidates' names,
+// weights and loads, and the keys they saw lately. A conversation (a key that Continues) is the
+// exception: its first turn, priced as a one-off prompt, may have gone elsewhere, and where this index
+// knows a worker within the bound that holds more of the key than its home, that worker takes the
+// home's place, while this index knows the key's PreviousBlocks; where it knows less, another instance
+// sent the previous turn, and the conversation is priced as one this index has not seen. Candidates
+// are compared by stretch, Cost over Alone: a slow home that is not loaded keeps its keys (in seconds
+// the fastest worker would win them all and its cache could not hold them), and a cache hit on a busy
+// worker loses to a miss on an idle one.
 //
 // A near tie goes to the key's order: the first candidate within the bound, in rendezvous order, whose
 // score (seconds for a new key, stretch for the others) is at most NearTie times the best takes the

@@ -167,7 +167,7 @@ func (h *Homes) Due(now int64) bool {
 // HomeWorker is a worker as a placement sees it.
 type HomeWorker struct {
 	Worker Worker
-	// Weight is its weight in the rendezvous order (Candidates.Weight).
+	// Weight is its weight in the rendezvous order (the weight Candidates.Candidate gives).
 	Weight float64
 	// Pool is its KV pool in tokens, 0 if unknown: the prompts homed there fill at most HomeShare of
 	// it. An unknown pool bounds nothing.
