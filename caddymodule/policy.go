@@ -465,7 +465,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	case p.affinityIndex != nil:
 		return p.selectByAffinity(pool, x, r, w)
 	case p.metric.Cost():
-		return p.selectByCost(pool, x, r, w)
+		return p.selectByCost(pool, x, p.sizeOf(p.readRequest(r), r), r, w)
 	}
 	var v poolView
 	v.init(p, pool, x)

@@ -67,6 +67,15 @@ func BenchmarkSelect(b *testing.B) {
 				sel  reverseproxy.Selector
 			}{name, p})
 		}
+		// A request without a key (no body) with affinity on: chosen for as by the cost metric alone.
+		p := &caddymodule.Policy{Affinity: "prefix"}
+		if err := caddymodule.ProvisionWithReports(p, pool, benchReport); err != nil {
+			b.Fatal(err)
+		}
+		selectors = append(selectors, struct {
+			name string
+			sel  reverseproxy.Selector
+		}{"sglang_load_affinity_prefix_no_key", p})
 		for _, s := range selectors {
 			b.Run(fmt.Sprintf("n=%d/%s", n, s.name), func(b *testing.B) {
 				b.ReportAllocs()
