@@ -129,15 +129,13 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, 
 		ep.placed(st.size, choice.CachedTokens)
 	}
 	p.noteSize(st.size, choice.CachedTokens)
-	if len(st.key.Blocks) > 0 {
-		chosen, _, _ := c.Candidate(choice.Index)
-		p.affinityIndex.Record(st.key.Blocks, chosen)
-		now := c.now.UnixMilli()
-		p.homes.Note(st.key, now)
-		if p.homes.Due(now) {
-			workers := c.homeWorkers() // c goes back to its pool when Select returns
-			go func() { metrics.homesMoved.Add(float64(p.homes.Place(workers, now))) }()
-		}
+	chosen, _, _ := c.Candidate(choice.Index)
+	p.affinityIndex.Record(st.key.Blocks, chosen)
+	now := c.now.UnixMilli()
+	p.homes.Note(st.key, now)
+	if p.homes.Due(now) {
+		workers := c.homeWorkers() // c goes back to its pool when Select returns
+		go func() { metrics.homesMoved.Add(float64(p.homes.Place(workers, now))) }()
 	}
 	return pool[choice.Index]
 }
