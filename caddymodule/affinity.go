@@ -40,13 +40,14 @@ const requestStateVar = "sglang_load.request"
 
 // readRequest sizes r, and keys it when affinity is on: from the head of its body where the policy
 // reads it (see read_body), else the prompt from Content-Length and the output from default_max_tokens.
-// It returns nil, allocating nothing, when there is nothing to read and no key to take (a prefix key
-// is in the body).
+// It returns nil, allocating nothing, when there is nothing to read and no key to take: a prefix key
+// is in the body, and a session key is taken from a POST with a body only (a GET, such as a model
+// list, carries no prompt to cache, and recording it would credit its worker with the session).
 func (p *Policy) readRequest(r *http.Request) *requestState {
 	limit := cmp.Or(p.ReadBody, defaultReadBody)
-	readBody := limit > 0 && r.Method == http.MethodPost && r.Body != nil && r.Body != http.NoBody &&
-		affinity.ShapeOf(r.URL.Path) != affinity.ShapeNone
-	if !readBody && p.Affinity != affinityHeader {
+	posted := r.Method == http.MethodPost && r.Body != nil && r.Body != http.NoBody
+	readBody := limit > 0 && posted && affinity.ShapeOf(r.URL.Path) != affinity.ShapeNone
+	if !readBody && (p.Affinity != affinityHeader || !posted) {
 		return nil
 	}
 	if st, ok := caddyhttp.GetVar(r.Context(), requestStateVar).(*requestState); ok {
