@@ -12,6 +12,15 @@ import (
 	"github.com/caddy-sglang/caddy-sglang/monitor"
 )
 
+// testPool is n healthy upstreams dialled at 10.0.0.1:30000 on.
+func testPool(n int) reverseproxy.UpstreamPool {
+	pool := make(reverseproxy.UpstreamPool, n)
+	for i := range pool {
+		pool[i] = &reverseproxy.Upstream{Host: new(reverseproxy.Host), Dial: fmt.Sprintf("10.0.%d.%d:30000", (i+1)/256, (i+1)%256)}
+	}
+	return pool
+}
+
 // fixedFetcher answers every poll with the same report.
 type fixedFetcher struct{ rep *loadpolicy.Report }
 

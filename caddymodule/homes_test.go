@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
-
 	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
 )
 
@@ -16,10 +14,7 @@ import (
 // placement has run, the system prompts that the placement moved off the small-pool worker are sent
 // where it moved them.
 func TestSelectSendsCrowdedPromptsToTheirPlacedHome(t *testing.T) {
-	pool := make(reverseproxy.UpstreamPool, 3)
-	for i := range pool {
-		pool[i] = &reverseproxy.Upstream{Host: new(reverseproxy.Host), Dial: fmt.Sprintf("10.0.0.%d:30000", i+1)}
-	}
+	pool := testPool(3)
 	const all = loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldUsedTokens |
 		loadpolicy.FieldMaxTotalTokens | loadpolicy.FieldMaxRunning | loadpolicy.FieldGenThroughput
 	kvPool := []int64{2048, 1 << 20, 1 << 20} // worker 0's budget holds none of the prompts below

@@ -1,12 +1,9 @@
 package caddymodule
 
 import (
-	"fmt"
 	"net/http/httptest"
 	"testing"
 	"time"
-
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
 )
@@ -15,10 +12,7 @@ import (
 // from a window of the pool, allocating nothing. A GET has no body to key, and carries no prompt for a
 // session header to key. Pricing every upstream instead took 67 µs a request at 1,024 upstreams.
 func TestAffinityRequestWithoutKeyIsChosenAsByCost(t *testing.T) {
-	pool := make(reverseproxy.UpstreamPool, 1024)
-	for i := range pool {
-		pool[i] = &reverseproxy.Upstream{Host: new(reverseproxy.Host), Dial: fmt.Sprintf("10.0.%d.%d:30000", i/256, i%256)}
-	}
+	pool := testPool(1024)
 	const cheapest = 500
 	report := func(i int) *loadpolicy.Report {
 		running := int64(40)
