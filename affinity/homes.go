@@ -126,23 +126,37 @@ func (h *Homes) Of(key Key) uint32 {
 // of is Of for the key whose rendezvous key is k, shared as its shape says, tokens its size in a
 // placement (0 when a placement does not weigh it).
 func (pl *placement) of(k uint64, shared bool, tokens int64) uint32 {
-	if h, ok := pl.homes[k]; ok || !shared || tokens <= 0 {
-		if h.moved {
-			return h.id
-		}
-		return 0
+	h, ok := pl.homes[k]
+	if !ok && shared && tokens > 0 {
+		h = pl.predict(k, tokens)
 	}
+	if h.moved {
+		return h.id
+	}
+	return 0
+}
+
+// predict is where this placement would have put a shared key it did not place, k its rendezvous key
+// and tokens its size: the first worker in its order with room for it, or that it outscores a key of;
+// else its first worker.
+func (pl *placement) predict(k uint64, tokens int64) placedHome {
 	top := orderOf(k, pl.workers)
 	for j, r := range top.r[:top.n] {
 		w := r.i
 		if pl.workers[w].Pool <= 0 || pl.left[w] >= float64(tokens) || r.score() > pl.cutoff[w] {
-			if j == 0 {
-				return 0
-			}
-			return pl.workers[w].Worker.ID
+			return placedHome{id: pl.workers[w].Worker.ID, moved: j > 0}
 		}
 	}
-	return 0
+	return pl.first(&top)
+}
+
+// first is the first worker of a key's order top, as a home it stays at (the zero placedHome when the
+// order is empty).
+func (pl *placement) first(top *rendezvousTop) placedHome {
+	if top.n == 0 {
+		return placedHome{}
+	}
+	return placedHome{id: pl.workers[top.r[0].i].Worker.ID}
 }
 
 // orderOf is the first MaxPriced workers in key's weighted rendezvous order.
@@ -206,18 +220,16 @@ func (h *Homes) Place(workers []HomeWorker, now int64) int {
 }
 
 // home is the worker (its ID) that this placement makes k's home, as Of says: where it placed k, or
-// would have put it, else k's first worker in rendezvous order.
+// would have put it, else k's first worker in rendezvous order. A key's order is drawn once.
 func (pl *placement) home(k placedKey) uint32 {
 	if h, ok := pl.homes[k.key]; ok {
 		return h.id
 	}
-	if id := pl.of(k.key, k.shared, k.tokens); id != 0 {
-		return id
+	if k.shared && k.tokens > 0 {
+		return pl.predict(k.key, k.tokens).id
 	}
-	if top := orderOf(k.key, pl.workers); top.n > 0 {
-		return pl.workers[top.r[0].i].Worker.ID
-	}
-	return 0
+	top := orderOf(k.key, pl.workers)
+	return pl.first(&top).id
 }
 
 type placedKey struct {
