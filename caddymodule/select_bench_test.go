@@ -37,45 +37,39 @@ func benchReport(i int) *loadpolicy.Report {
 	}})
 }
 
+// namedSelector is a selection policy and its name in the benchmark.
+type namedSelector struct {
+	name string
+	sel  reverseproxy.Selector
+}
+
 // BenchmarkSelect compares the sglang_load policy's Select with Caddy's built-in policies on the same
 // pools. Run with -benchmem; bench/microbench.sh prints the ratios to least_conn.
 func BenchmarkSelect(b *testing.B) {
 	req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 	for _, n := range []int{4, 64, 1024} {
 		pool := benchPool(n)
-		selectors := []struct {
-			name string
-			sel  reverseproxy.Selector
-		}{
+		selectors := []namedSelector{
 			{"least_conn", reverseproxy.LeastConnSelection{}},
 			{"random_choose_2", reverseproxy.RandomChoiceSelection{Choose: 2}},
 			{"round_robin", new(reverseproxy.RoundRobinSelection)},
 		}
-		for _, v := range []struct{ metric, choose string }{
-			{"auto", "power_of_two"}, {"auto", "least"}, {"cost", "window"}, {"cost", "power_of_two"},
+		for _, v := range []struct {
+			name   string
+			policy *caddymodule.Policy
+		}{
+			{"sglang_load_power_of_two", &caddymodule.Policy{Metric: "auto", Choose: "power_of_two"}},
+			{"sglang_load_least", &caddymodule.Policy{Metric: "auto", Choose: "least"}},
+			{"sglang_load_cost_window", &caddymodule.Policy{Metric: "cost", Choose: "window"}},
+			{"sglang_load_cost_power_of_two", &caddymodule.Policy{Metric: "cost", Choose: "power_of_two"}},
+			// A request without a key (no body) with affinity on: chosen for as by the cost metric alone.
+			{"sglang_load_affinity_prefix_no_key", &caddymodule.Policy{Affinity: "prefix"}},
 		} {
-			p := &caddymodule.Policy{Metric: v.metric, Choose: v.choose}
-			if err := caddymodule.ProvisionWithReports(p, pool, benchReport); err != nil {
+			if err := caddymodule.ProvisionWithReports(v.policy, pool, benchReport); err != nil {
 				b.Fatal(err)
 			}
-			name := "sglang_load_" + v.choose
-			if v.metric == "cost" {
-				name = "sglang_load_cost_" + v.choose
-			}
-			selectors = append(selectors, struct {
-				name string
-				sel  reverseproxy.Selector
-			}{name, p})
+			selectors = append(selectors, namedSelector{v.name, v.policy})
 		}
-		// A request without a key (no body) with affinity on: chosen for as by the cost metric alone.
-		p := &caddymodule.Policy{Affinity: "prefix"}
-		if err := caddymodule.ProvisionWithReports(p, pool, benchReport); err != nil {
-			b.Fatal(err)
-		}
-		selectors = append(selectors, struct {
-			name string
-			sel  reverseproxy.Selector
-		}{"sglang_load_affinity_prefix_no_key", p})
 		for _, s := range selectors {
 			b.Run(fmt.Sprintf("n=%d/%s", n, s.name), func(b *testing.B) {
 				b.ReportAllocs()
