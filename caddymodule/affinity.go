@@ -82,9 +82,10 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 			Continues: st.body.Continues, SharedBlocks: st.body.SharedBlocks, PreviousBlocks: st.body.PreviousBlocks}
 	case affinityHeader:
 		// A session's earlier turns are cached where it went: all of this prompt but its new message,
-		// which the model cannot know, so the whole prompt is credited.
+		// which the model cannot know, so the whole prompt is credited. A prompt of unknown size (a
+		// chunked body not read) is credited a token: its session's home takes a near tie.
 		blocks := affinity.HeaderKey(r.Header.Get(p.AffinityHeader), st.header[:0])
-		st.key = affinity.Key{Blocks: blocks, BlockTokens: st.size.PromptTokens, PromptTokens: st.size.PromptTokens, Session: true, Continues: true}
+		st.key = affinity.Key{Blocks: blocks, BlockTokens: max(st.size.PromptTokens, 1), PromptTokens: st.size.PromptTokens, Session: true, Continues: true}
 	}
 	caddyhttp.SetVar(r.Context(), requestStateVar, st)
 	return st

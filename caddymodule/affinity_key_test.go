@@ -1,11 +1,15 @@
 package caddymodule
 
 import (
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddy-sglang/caddy-sglang/affinity"
+	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
 // With affinity prefix, a chat that has an answer in its history is keyed as a conversation that
@@ -75,5 +79,49 @@ func TestHeaderKeyAndCostMetricKeyNothingFromTheBody(t *testing.T) {
 
 	if st := read(&Policy{Metric: "cost"}, ""); len(st.key.Blocks) != 0 || len(st.body.Blocks) != 0 {
 		t.Errorf("cost metric: key %x, body blocks %x; want none", st.key.Blocks, st.body.Blocks)
+	}
+}
+
+// A session whose request's size is not known (a chunked body, with read_body off) still follows its
+// session: it goes where the same session's request with a Content-Length goes, and sessions spread
+// over the workers. Keyed with no prompt tokens, such a request was chosen for on cost alone, every
+// session on the first of equally loaded workers.
+func TestHeaderSessionOfUnknownSizeFollowsItsSession(t *testing.T) {
+	pool := testPool(16)
+	report := func(int) *loadpolicy.Report {
+		return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{{Running: 4, MaxRunning: 64, GenThroughput: 800,
+			Fields: loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldMaxRunning | loadpolicy.FieldGenThroughput}})
+	}
+	p := &Policy{Affinity: affinityHeader, AffinityHeader: "X-Session-ID", ReadBody: -1}
+	if err := ProvisionWithReports(p, pool, report); err != nil {
+		t.Fatal(err)
+	}
+	const body = `{"messages":[{"role":"user","content":"hi"}]}`
+	send := func(session string, chunked bool) *reverseproxy.Upstream {
+		t.Helper()
+		r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(body))
+		if chunked {
+			r.ContentLength, r.TransferEncoding = -1, []string{"chunked"}
+		}
+		r.Header.Set("X-Session-ID", session)
+		u := p.Select(pool, r, nil)
+		if u == nil {
+			t.Fatalf("session %s: no upstream selected", session)
+		}
+		return u
+	}
+	used := map[*reverseproxy.Upstream]bool{}
+	for s := range 32 {
+		session := fmt.Sprintf("s-%d", s)
+		want := send(session, false)
+		for range 3 {
+			if got := send(session, true); got != want {
+				t.Fatalf("session %s, chunked: went to %s, want %s, where it goes with a Content-Length", session, got.Dial, want.Dial)
+			}
+		}
+		used[want] = true
+	}
+	if len(used) < 4 {
+		t.Errorf("32 sessions went to %d of 16 workers, want them spread by their keys", len(used))
 	}
 }
