@@ -28,8 +28,8 @@ type placement struct {
 	// first worker.
 	homes   map[uint64]placedHome
 	workers []HomeWorker
-	// left is each worker's budget left; cutoff, of a worker that turned a key away, the least score
-	// of a key it took: a key scoring more there would have taken its place.
+	// left is each worker's budget left; cutoff, of a worker that took a key, the least score of a key
+	// it took: a key scoring more there would have taken its place.
 	left, cutoff []float64
 	// keys is how many keys each worker is home to, placed there or staying there for want of room.
 	keys []int
@@ -306,14 +306,12 @@ func place(keys []placedKey, workers []HomeWorker) *placement {
 	})
 	placed := make([]bool, len(keys))
 	least := make([]float64, len(workers)) // the least score each worker took
-	full := make([]bool, len(workers))
 	for _, o := range offers {
 		k := keys[o.key]
 		if placed[o.key] {
 			continue
 		}
 		if workers[o.worker].Pool > 0 && pl.left[o.worker] < float64(k.tokens) {
-			full[o.worker] = true
 			continue
 		}
 		placed[o.key] = true
@@ -328,8 +326,9 @@ func place(keys []placedKey, workers []HomeWorker) *placement {
 		}
 	}
 	for j := range workers {
-		pl.cutoff[j] = math.Inf(1) // room is what counts
-		if full[j] && least[j] > 0 {
+		// A worker filled to the last key it took, turning none away, is full all the same.
+		pl.cutoff[j] = math.Inf(1)
+		if least[j] > 0 {
 			pl.cutoff[j] = least[j]
 		}
 	}

@@ -1,9 +1,11 @@
 package affinity
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -368,6 +370,42 @@ func TestPlaceOfAnUnseenKey(t *testing.T) {
 	}
 	if moved == 0 {
 		t.Fatal("no key moved: the test places nothing")
+	}
+}
+
+// A worker filled to its last key, turning none away, is full all the same: a key it has not seen that
+// outscores a key placed there is placed there, as a placement that saw it places it. The placement
+// once took such a worker for one with room, and sent the key down its order.
+func TestPlaceOfAnUnseenKeyOnAWorkerFilledExactly(t *testing.T) {
+	const tokens = 2048
+	x := NewIndex(0)
+	ws := homeFleet(x, 2*tokens, 0) // w0 holds two keys; w1 any number
+
+	// Keys whose first worker is w0: the two it takes, and one more, unseen, that outscores one of them.
+	var keys, firsts []Key
+	for i := uint64(0); len(firsts) < 3; i++ {
+		k := prefixKey(2000+i, tokens/BlockTokens)
+		k.SharedBlocks = len(k.Blocks)
+		if byScore(k, ws)[0] == 0 {
+			firsts = append(firsts, k)
+		} else if len(keys) < 8 {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(firsts, func(a, b Key) int { return cmp.Compare(score(b, ws[0]), score(a, ws[0])) })
+	unseen := firsts[0]
+	keys = append(keys, firsts[1:]...)
+
+	others, all := NewHomes(), NewHomes()
+	for _, k := range keys {
+		others.Note(k, 0)
+		all.Note(k, 0)
+	}
+	all.Note(unseen, 0)
+	others.Place(ws, 0)
+	all.Place(ws, 0)
+	if got, want := others.Of(unseen), all.Of(unseen); got != want || want != 0 {
+		t.Errorf("unseen key: placed at worker ID %d, where all placed it at %d (0: its first, w0)", got, want)
 	}
 }
 
