@@ -344,7 +344,9 @@ func TestChooseFollowsThePlacedHome(t *testing.T) {
 // of a placement of the others, is sent where the placement of all of them put it.
 func TestPlaceOfAnUnseenKey(t *testing.T) {
 	x := NewIndex(0)
-	ws := homeFleet(x, 10240, 20480, 40960)
+	// Room for 20, 20 and 10 of the 40 keys: about 23 draw the 4x worker first, and its budget moves
+	// some, whatever the workers' hashes.
+	ws := homeFleet(x, 40960, 40960, 20480)
 	keys := sharedPrefixKeys(40, 2048)
 	all := NewHomes()
 	for _, k := range keys {

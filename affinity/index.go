@@ -3,8 +3,6 @@ package affinity
 import (
 	"slices"
 	"sync"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // DefaultMaxBytes is the index's default memory cap: 16 MiB, 524,288 blocks (128 MiB of prompt text
@@ -62,7 +60,7 @@ func NewIndex(maxBytes int) *Index {
 // and an ID of its own in this index.
 func (x *Index) Worker(name string) Worker {
 	if x == nil {
-		return Worker{ID: 1, Hash: xxhash.Sum64String(name)} // a nil index tells workers apart by Hash alone
+		return Worker{ID: 1, Hash: wyhashString(name, 0)} // a nil index tells workers apart by Hash alone
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -71,7 +69,7 @@ func (x *Index) Worker(name string) Worker {
 		id = uint32(len(x.workers) + 1)
 		x.workers[name] = id
 	}
-	return Worker{ID: id, Hash: xxhash.Sum64String(name)}
+	return Worker{ID: id, Hash: wyhashString(name, 0)}
 }
 
 func (x *Index) shard(block uint64) *shard { return &x.shards[block>>60] }

@@ -1,12 +1,10 @@
 package affinity
 
-import "github.com/cespare/xxhash/v2"
-
-// A key is the chained hashes of a prompt's leading blocks: Blocks[i] = mix(Blocks[i-1], xxhash of block
+// A key is the chained hashes of a prompt's leading blocks: Blocks[i] = mix(Blocks[i-1], wyhash of block
 // i), starting from a seed for the kind of key, so two prompts share their first n hashes exactly when
 // they share their first n blocks (but for 64-bit collisions). A block is BlockTokens tokens of the
 // simulator's measure: BlockBytes bytes of prompt text, or BlockTokens token ids. Only whole blocks are
-// keyed. xxhash and the seeds are fixed: every process computes the same key, so independent replicas
+// keyed. wyhash and the seeds are fixed: every process computes the same key, so independent replicas
 // agree. A block is four of the simulator's cache blocks: hashing costs per block, and a credit for
 // cached tokens up to 63 tokens short prices as well.
 const (
@@ -32,7 +30,7 @@ func HeaderKey(value string, dst []uint64) []uint64 {
 	if value == "" {
 		return dst
 	}
-	return append(dst, mix(seedHeader, xxhash.Sum64String(value)))
+	return append(dst, mix(seedHeader, wyhashString(value, 0)))
 }
 
 // mix combines two hashes into one, well spread (MurmurHash3's finalizer of their exclusive or): it
@@ -81,7 +79,7 @@ func (k *keyWriter) write(p []byte) {
 }
 
 func (k *keyWriter) block(b []byte) {
-	k.prev = mix(k.prev, xxhash.Sum64(b))
+	k.prev = mix(k.prev, wyhash(b, 0))
 	k.blocks = append(k.blocks, k.prev)
 }
 

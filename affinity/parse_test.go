@@ -6,16 +6,14 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-
-	"github.com/cespare/xxhash/v2"
 )
 
-// refKey is the key by its definition: each whole block's xxhash chained onto the hash before it.
+// refKey is the key by its definition: each whole block's wyhash chained onto the hash before it.
 func refKey(seed uint64, stream []byte, maxBlocks int) []uint64 {
 	out := []uint64{}
 	h := seed
 	for i := 1; i*BlockBytes <= len(stream) && len(out) < maxBlocks; i++ {
-		h = mix(h, xxhash.Sum64(stream[(i-1)*BlockBytes:i*BlockBytes]))
+		h = mix(h, wyhash(stream[(i-1)*BlockBytes:i*BlockBytes], 0))
 		out = append(out, h)
 	}
 	return out
