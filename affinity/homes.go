@@ -126,14 +126,22 @@ func (h *Homes) Of(key Key) uint32 {
 // of is Of for the key whose rendezvous key is k, shared as its shape says, tokens its size in a
 // placement (0 when a placement does not weigh it).
 func (pl *placement) of(k uint64, shared bool, tokens int64) uint32 {
-	h, ok := pl.homes[k]
-	if !ok && shared && tokens > 0 {
-		h = pl.predict(k, tokens)
-	}
-	if h.moved {
+	if h, ok := pl.placedOrPredicted(k, shared, tokens); ok && h.moved {
 		return h.id
 	}
 	return 0
+}
+
+// placedOrPredicted is where this placement put the key k, or would have put it for a shared key it
+// did not place (see predict); not ok for another key, which stays at its first worker.
+func (pl *placement) placedOrPredicted(k uint64, shared bool, tokens int64) (placedHome, bool) {
+	if h, ok := pl.homes[k]; ok {
+		return h, true
+	}
+	if shared && tokens > 0 {
+		return pl.predict(k, tokens), true
+	}
+	return placedHome{}, false
 }
 
 // predict is where this placement would have put a shared key it did not place, k its rendezvous key
@@ -222,11 +230,8 @@ func (h *Homes) Place(workers []HomeWorker, now int64) int {
 // home is the worker (its ID) that this placement makes k's home, as Of says: where it placed k, or
 // would have put it, else k's first worker in rendezvous order. A key's order is drawn once.
 func (pl *placement) home(k placedKey) uint32 {
-	if h, ok := pl.homes[k.key]; ok {
+	if h, ok := pl.placedOrPredicted(k.key, k.shared, k.tokens); ok {
 		return h.id
-	}
-	if k.shared && k.tokens > 0 {
-		return pl.predict(k.key, k.tokens).id
 	}
 	top := orderOf(k.key, pl.workers)
 	return pl.first(&top).id
