@@ -236,9 +236,10 @@ func (ep *endpoint) affinityCounts() (blocks, homeKeys int64, ok bool) {
 	return blocks, homeKeys, len(ep.affinity) > 0
 }
 
-func (ep *endpoint) sentTotals() loadpolicy.SentTotals {
-	return loadpolicy.SentTotals{Requests: ep.sentRequests.Load(), PromptTokens: ep.sentPrompt.Load(),
-		OutputTokens: ep.sentOutput.Load(), Weighted: ep.sentWeighted.Load(), Uncached: ep.sentUncached.Load()}
+// sentTotals sets t to the running totals of the requests sent here; in place, as SetSince.
+func (ep *endpoint) sentTotals(t *loadpolicy.SentTotals) {
+	t.Requests, t.PromptTokens, t.OutputTokens = ep.sentRequests.Load(), ep.sentPrompt.Load(), ep.sentOutput.Load()
+	t.Weighted, t.Uncached = ep.sentWeighted.Load(), ep.sentUncached.Load()
 }
 
 // placed counts a request the cost model sent here, cached of whose prompt tokens it holds.
@@ -273,8 +274,9 @@ func (ep *endpoint) priced(rep *loadpolicy.Report, c *loadpolicy.Candidate, now 
 	}
 	var since loadpolicy.Since
 	if !reportOnly {
-		totals := ep.sentTotals()
-		since = totals.Since(&rep.Sent, now.Sub(rep.Received), c.Inflight-rep.Inflight)
+		var totals loadpolicy.SentTotals
+		ep.sentTotals(&totals)
+		totals.SetSince(&since, &rep.Sent, now.Sub(rep.Received), c.Inflight-rep.Inflight)
 	}
 	c.Cost = max(rep.Cost(req, cached, &since, params), minCost)
 }
@@ -351,7 +353,8 @@ func (f stampingFetcher) Fetch(ctx context.Context) (*loadpolicy.Report, error) 
 	if h := f.ep.host.Load(); h != nil {
 		before = int64(h.NumRequests())
 	}
-	sent := f.ep.sentTotals()
+	var sent loadpolicy.SentTotals
+	f.ep.sentTotals(&sent)
 	rep, err := f.Fetcher.Fetch(ctx)
 	if rep != nil {
 		rep.Sent = sent
