@@ -130,10 +130,10 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, 
 	if ep := c.endpoint(choice.Index); ep != nil {
 		ep.placed(st.size, choice.CachedTokens)
 	}
-	p.noteSize(st.size, choice.CachedTokens)
 	chosen, _, _ := c.Candidate(choice.Index)
 	p.affinityIndex.Record(st.key.Blocks, chosen)
 	now := c.now.UnixMilli()
+	p.sizes.gather(now, c.eps)
 	p.homes.Note(st.key, now)
 	if p.homes.Due(now) {
 		workers := c.homeWorkers() // c goes back to its pool when Select returns
@@ -360,6 +360,6 @@ func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, x *poolIndex, size
 	if ep := v.endpoint(idx); ep != nil {
 		ep.placed(v.size, 0)
 	}
-	p.noteSize(v.size, 0)
+	p.sizes.gather(v.now.UnixMilli(), v.eps)
 	return pool[idx]
 }

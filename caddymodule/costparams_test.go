@@ -11,7 +11,8 @@ import (
 
 // The prefill queueing term reads E[P²]/2E[P] of recent uncached prompts: 20% of 2,000-token prompts
 // among 200-token ones give 832,000 / 1,120 = 743 tokens. A prompt's cached part is not prefilled,
-// so it does not count.
+// so it does not count. The means are gathered from what was sent to each upstream, at most every
+// sizesEvery.
 func TestCostParamsFollowRecentPromptSizes(t *testing.T) {
 	p := &Policy{}
 	if err := p.parseOptions(); err != nil {
@@ -20,17 +21,71 @@ func TestCostParamsFollowRecentPromptSizes(t *testing.T) {
 	if got := paramsOf(p).ResidualPromptTokens; got != 0 {
 		t.Fatalf("before any request: residual %v, want 0", got)
 	}
-	for range 1000 {
-		for range 4 {
-			p.noteSize(loadpolicy.Request{PromptTokens: 200, OutputTokens: 64}, 0)
+	short, long := &endpoint{state: new(sharedState)}, &endpoint{state: new(sharedState)}
+	eps := map[string]*endpoint{"10.0.0.1:30000": short, "10.0.0.2:30000": long}
+	now := int64(1_000_000)
+	for range 100 {
+		for range 40 {
+			short.placed(loadpolicy.Request{PromptTokens: 200, OutputTokens: 64}, 0)
 		}
-		p.noteSize(loadpolicy.Request{PromptTokens: 3800, OutputTokens: 512}, 1800)
+		for range 10 {
+			long.placed(loadpolicy.Request{PromptTokens: 3800, OutputTokens: 512}, 1800)
+		}
+		p.sizes.gather(now, eps)
+		now += sizesEvery
 	}
-	if got, want := paramsOf(p).ResidualPromptTokens, 832000.0/1120; math.Abs(got-want) > 0.05*want {
-		t.Errorf("residual prompt %.0f tokens, want %.0f within 5%%", got, want)
+	if got, want := paramsOf(p).ResidualPromptTokens, 832000.0/1120; math.Abs(got-want) > 1e-9*want {
+		t.Errorf("residual prompt %.0f tokens, want %.0f", got, want)
 	}
-	if got, want := paramsOf(p).MeanOutputTokens, (4*64+512)/5.0; math.Abs(got-want) > 0.05*want {
-		t.Errorf("mean output %.1f tokens, want %.1f within 5%%", got, want)
+	if got, want := paramsOf(p).MeanOutputTokens, (4*64+512)/5.0; math.Abs(got-want) > 1e-9*want {
+		t.Errorf("mean output %.1f tokens, want %.1f", got, want)
+	}
+
+	// Before the next gathering is due nothing moves; when it is, the requests since weigh as many
+	// folds of meanWeight: 50 of 1,000 output tokens move the mean by 1 - 0.99^50 of the way.
+	for range 50 {
+		short.placed(loadpolicy.Request{PromptTokens: 200, OutputTokens: 1000}, 0)
+	}
+	before := paramsOf(p).MeanOutputTokens
+	p.sizes.gather(now-1, eps)
+	if got := paramsOf(p).MeanOutputTokens; got != before {
+		t.Fatalf("mean output %v before the gathering is due, want %v", got, before)
+	}
+	p.sizes.gather(now, eps)
+	if got, want := paramsOf(p).MeanOutputTokens, 1000+math.Pow(0.99, 50)*(before-1000); math.Abs(got-want) > 1e-9*want {
+		t.Errorf("mean output after 50 requests of 1,000 tokens %.3f, want %.3f", got, want)
+	}
+}
+
+// An endpoint that two upstreams share counts once; one whose totals began again (another config's)
+// adds nothing until they grow; one that left the pool is forgotten, and counts from zero if it comes
+// back.
+func TestRequestSizesGatherEachEndpointOnce(t *testing.T) {
+	var s requestSizes
+	s.out.Store(100)
+	shared := &endpoint{state: new(sharedState)}
+	eps := map[string]*endpoint{"10.0.0.1:30000": shared, "10.0.0.1:30001": shared}
+	shared.placed(loadpolicy.Request{PromptTokens: 10, OutputTokens: 200}, 0)
+	s.gather(0, eps)
+	if got, want := s.out.Load(), 200+0.99*(100-200.0); math.Abs(got-want) > 1e-9 {
+		t.Fatalf("mean output after one request through a shared endpoint %v, want %v (counted once)", got, want)
+	}
+	if len(s.seen) != 1 {
+		t.Fatalf("%d endpoints remembered, want 1", len(s.seen))
+	}
+	after := s.out.Load()
+	s.seen[shared] = sentSum{requests: 10, output: 5000}
+	s.gather(sizesEvery, eps)
+	if got := s.out.Load(); got != after {
+		t.Errorf("totals below the last gathering's moved the mean to %v from %v", got, after)
+	}
+	s.gather(2*sizesEvery, map[string]*endpoint{})
+	if len(s.seen) != 0 {
+		t.Errorf("%d endpoints remembered after the pool emptied, want 0", len(s.seen))
+	}
+	s.gather(3*sizesEvery, eps)
+	if got, want := s.out.Load(), 200+0.99*(after-200); math.Abs(got-want) > 1e-9 {
+		t.Errorf("mean output after the endpoint came back %v, want %v (its one request counted from zero)", got, want)
 	}
 }
 

@@ -173,8 +173,9 @@ type endpoint struct {
 	upstreams map[string]int
 
 	// sent totals the requests the cost model placed here and their sizes; each report is stamped
-	// with them, so the requests sent since are the difference.
-	sentRequests, sentPrompt, sentOutput, sentWeighted, sentUncached atomic.Int64
+	// with them, so the requests sent since are the difference. sentUncachedSq sums the squares of
+	// their uncached prompt tokens, for the policies' mean sizes (requestSizes).
+	sentRequests, sentPrompt, sentOutput, sentWeighted, sentUncached, sentUncachedSq atomic.Int64
 
 	// poke asks the monitor for a poll within a tenth of the interval (monitor.Target.Poke).
 	poke chan struct{}
@@ -251,6 +252,7 @@ func (ep *endpoint) placed(req loadpolicy.Request, cached int64) {
 	ep.sentOutput.Add(d.OutputTokens)
 	ep.sentWeighted.Add(d.Weighted)
 	ep.sentUncached.Add(d.Uncached)
+	ep.sentUncachedSq.Add(d.Uncached * d.Uncached)
 	if rep := ep.state.usable(); rep != nil && !rep.Measured() {
 		// Priced at the stand-ins, a slow worker can look as fast as the fastest until a poll measures
 		// the requests now sent to it: at the next interval, that is up to an interval of mispricing.

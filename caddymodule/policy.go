@@ -145,11 +145,8 @@ type Policy struct {
 	affinityIndex *affinity.Index
 	homes         *affinity.Homes // where keys that crowd their first worker's cache go
 	workers       atomic.Pointer[map[string]affinity.Worker]
-	meanOut       atomicFloat // mean output tokens of recent requests, for the cost model
-	fleet         fleetSpeed  // what this policy's workers reported of their speeds
-	// meanPrompt and meanPromptSq are the mean uncached prompt tokens of recent requests
-	// and the mean of their squares, for the cost model's prefill queueing.
-	meanPrompt, meanPromptSq atomicFloat
+	sizes         requestSizes // mean sizes of recent requests, for the cost model
+	fleet         fleetSpeed   // what this policy's workers reported of their speeds
 
 	spec   endpointSpec // template for this group's endpoints; address set per upstream
 	app    *App
@@ -316,7 +313,7 @@ func (p *Policy) parseOptions() error {
 		// (results/2026-12-05/affinity-senders.md).
 		OtherSenders: p.Affinity == "",
 	}
-	p.meanOut.Store(float64(p.defaultMaxTokens()))
+	p.sizes.out.Store(float64(p.defaultMaxTokens()))
 	return p.parseAffinity()
 }
 
@@ -371,9 +368,9 @@ const (
 // returning them copied 64 bytes twice, 5% of a Select with the cost metric at 4 upstreams.
 func (p *Policy) costParams(params *loadpolicy.CostParams) {
 	*params = p.costs
-	params.MeanOutputTokens = p.meanOut.Load()
-	if mean := p.meanPrompt.Load(); mean > 0 {
-		params.ResidualPromptTokens = p.meanPromptSq.Load() / (2 * mean)
+	params.MeanOutputTokens = p.sizes.out.Load()
+	if mean := p.sizes.prompt.Load(); mean > 0 {
+		params.ResidualPromptTokens = p.sizes.promptSq.Load() / (2 * mean)
 	}
 	if p.DecodeTokensPerSec == 0 && p.app != nil {
 		fastest, ratio := p.fleet.load()
@@ -491,18 +488,6 @@ func (p *Policy) selectFallback(pool reverseproxy.UpstreamPool, r *http.Request,
 // bytesPerToken is the prompt's bytes per token where only the body's length is known.
 const bytesPerToken = 4
 
-// meanWeight is the weight of one request in the mean request size: about the last hundred count.
-const meanWeight = 0.01
-
-// noteSize folds a placed request's size into the means: its output, and its prompt less the cached
-// tokens where it went.
-func (p *Policy) noteSize(req loadpolicy.Request, cached int64) {
-	uncached := float64(max(req.PromptTokens-cached, 0))
-	p.meanOut.fold(float64(req.OutputTokens))
-	p.meanPrompt.fold(uncached)
-	p.meanPromptSq.fold(uncached * uncached)
-}
-
 // atomicFloat is a float64 that concurrent writers update without losing one another's changes.
 type atomicFloat struct{ bits atomic.Uint64 }
 
@@ -517,11 +502,6 @@ func (a *atomicFloat) update(next func(old float64) float64) {
 			return
 		}
 	}
-}
-
-// fold moves a mean of recent values towards v, by meanWeight.
-func (a *atomicFloat) fold(v float64) {
-	a.update(func(old float64) float64 { return old + meanWeight*(v-old) })
 }
 
 // registerLate registers an upstream first seen in Select (a dynamic upstream); it logs once and
