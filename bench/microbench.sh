@@ -1,7 +1,8 @@
 #!/bin/sh
 # Micro-benchmarks of the sglang_load policy's Select next to Caddy's own selection policies, and of
 # the loadpolicy choosers. Prints a Markdown table of median ns/op over COUNT runs and each policy's
-# ratio to least_conn on the same pool (the machines are noisy: compare ratios, not absolute times).
+# ratio to least_conn on the same pool (the machines are noisy: compare ratios, not absolute times);
+# "parallel" rows call Select on every core at once, against least_conn called so.
 # The benchmarks start no Caddy (-run '^$' runs no test), so they may run beside the caddytest tests.
 set -eu
 cd "$(dirname "$0")/.."
@@ -14,10 +15,11 @@ function median(key,   n, i, j, t, v) {
 	for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j-1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j-1]; v[j-1] = t }
 	return n % 2 ? v[(n+1)/2] : (v[n/2] + v[n/2+1]) / 2
 }
-/^Benchmark(Select|Choose)\// {
+/^Benchmark(Select|SelectParallel|Choose)\// {
 	name = $1; sub(/-[0-9]+$/, "", name)
 	split(name, part, "/"); bench = part[1]; n = part[2]; pol = part[3]; sub(/^n=/, "", n)
 	if (bench == "BenchmarkChoose") pol = "Choose " pol
+	if (bench == "BenchmarkSelectParallel") pol = "parallel " pol
 	key = n SUBSEP pol
 	if (!(key in vals)) { order[++k] = key }
 	vals[key] = vals[key] " " $3
@@ -28,7 +30,8 @@ END {
 	print "|---:|---|---:|---:|---:|"
 	for (i = 1; i <= k; i++) {
 		split(order[i], p, SUBSEP)
-		m = median(order[i]); base = (p[1] SUBSEP "least_conn") in vals ? median(p[1] SUBSEP "least_conn") : 0
+		lc = p[1] SUBSEP (p[2] ~ /^parallel / ? "parallel " : "") "least_conn"
+		m = median(order[i]); base = lc in vals ? median(lc) : 0
 		ratio = (base > 0 && p[2] !~ /^Choose/) ? sprintf("%.2f", m / base) : ""
 		printf "| %s | %s | %.0f | %s | %s |\n", p[1], p[2], m, ratio, allocs[order[i]]
 	}

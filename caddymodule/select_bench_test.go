@@ -43,34 +43,40 @@ type namedSelector struct {
 	sel  reverseproxy.Selector
 }
 
+// benchSelectors are Caddy's built-in policies and the sglang_load policy's variants, provisioned over
+// pool.
+func benchSelectors(b *testing.B, pool reverseproxy.UpstreamPool) []namedSelector {
+	selectors := []namedSelector{
+		{"least_conn", reverseproxy.LeastConnSelection{}},
+		{"random_choose_2", reverseproxy.RandomChoiceSelection{Choose: 2}},
+		{"round_robin", new(reverseproxy.RoundRobinSelection)},
+	}
+	for _, v := range []struct {
+		name   string
+		policy *caddymodule.Policy
+	}{
+		{"sglang_load_power_of_two", &caddymodule.Policy{Metric: "auto", Choose: "power_of_two"}},
+		{"sglang_load_least", &caddymodule.Policy{Metric: "auto", Choose: "least"}},
+		{"sglang_load_cost_window", &caddymodule.Policy{Metric: "cost", Choose: "window"}},
+		{"sglang_load_cost_power_of_two", &caddymodule.Policy{Metric: "cost", Choose: "power_of_two"}},
+		// A request without a key (no body) with affinity on: chosen for as by the cost metric alone.
+		{"sglang_load_affinity_prefix_no_key", &caddymodule.Policy{Affinity: "prefix"}},
+	} {
+		if err := caddymodule.ProvisionWithReports(v.policy, pool, benchReport); err != nil {
+			b.Fatal(err)
+		}
+		selectors = append(selectors, namedSelector{v.name, v.policy})
+	}
+	return selectors
+}
+
 // BenchmarkSelect compares the sglang_load policy's Select with Caddy's built-in policies on the same
 // pools. Run with -benchmem; bench/microbench.sh prints the ratios to least_conn.
 func BenchmarkSelect(b *testing.B) {
 	req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 	for _, n := range []int{4, 64, 1024} {
 		pool := benchPool(n)
-		selectors := []namedSelector{
-			{"least_conn", reverseproxy.LeastConnSelection{}},
-			{"random_choose_2", reverseproxy.RandomChoiceSelection{Choose: 2}},
-			{"round_robin", new(reverseproxy.RoundRobinSelection)},
-		}
-		for _, v := range []struct {
-			name   string
-			policy *caddymodule.Policy
-		}{
-			{"sglang_load_power_of_two", &caddymodule.Policy{Metric: "auto", Choose: "power_of_two"}},
-			{"sglang_load_least", &caddymodule.Policy{Metric: "auto", Choose: "least"}},
-			{"sglang_load_cost_window", &caddymodule.Policy{Metric: "cost", Choose: "window"}},
-			{"sglang_load_cost_power_of_two", &caddymodule.Policy{Metric: "cost", Choose: "power_of_two"}},
-			// A request without a key (no body) with affinity on: chosen for as by the cost metric alone.
-			{"sglang_load_affinity_prefix_no_key", &caddymodule.Policy{Affinity: "prefix"}},
-		} {
-			if err := caddymodule.ProvisionWithReports(v.policy, pool, benchReport); err != nil {
-				b.Fatal(err)
-			}
-			selectors = append(selectors, namedSelector{v.name, v.policy})
-		}
-		for _, s := range selectors {
+		for _, s := range benchSelectors(b, pool) {
 			b.Run(fmt.Sprintf("n=%d/%s", n, s.name), func(b *testing.B) {
 				b.ReportAllocs()
 				for b.Loop() {
@@ -78,6 +84,29 @@ func BenchmarkSelect(b *testing.B) {
 						b.Fatal("no upstream selected")
 					}
 				}
+			})
+		}
+	}
+}
+
+// BenchmarkSelectParallel is BenchmarkSelect with Select called back to back on every core (GOMAXPROCS
+// goroutines): what one core's writes cost the others, which a single goroutine does not see. Its
+// ns/op is wall time over all cores' Selects.
+func BenchmarkSelectParallel(b *testing.B) {
+	for _, n := range []int{4, 64} {
+		pool := benchPool(n)
+		for _, s := range benchSelectors(b, pool) {
+			b.Run(fmt.Sprintf("n=%d/%s", n, s.name), func(b *testing.B) {
+				b.ReportAllocs()
+				b.RunParallel(func(pb *testing.PB) {
+					req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+					for pb.Next() {
+						if s.sel.Select(pool, req, nil) == nil {
+							b.Error("no upstream selected")
+							return
+						}
+					}
+				})
 			})
 		}
 	}
