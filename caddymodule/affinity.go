@@ -125,8 +125,8 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, 
 	if choice.Index < 0 {
 		return p.selectFallback(pool, r, w)
 	}
-	metrics.selectedByLoad.Inc()
-	metrics.affinityOutcomes[choice.Outcome].Inc()
+	metrics.selectedByLoad.Inc(r)
+	metrics.affinityOutcomes[choice.Outcome].Inc(r)
 	if ep := c.endpoint(choice.Index); ep != nil {
 		ep.placed(st.size, choice.CachedTokens)
 	}
@@ -353,9 +353,9 @@ func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, x *poolIndex, size
 	if !ok {
 		return p.selectFallback(pool, r, w)
 	}
-	metrics.selectedByLoad.Inc()
+	metrics.selectedByLoad.Inc(r)
 	if p.affinityIndex != nil {
-		metrics.affinityOutcomes[affinity.NoKey].Inc()
+		metrics.affinityOutcomes[affinity.NoKey].Inc(r)
 	}
 	if ep := v.endpoint(idx); ep != nil {
 		ep.placed(v.size, 0)

@@ -70,12 +70,12 @@ func pollResult(err error) string {
 var metrics = struct {
 	polls        *prometheus.CounterVec
 	pollDuration *prometheus.HistogramVec
-	selections   *prometheus.CounterVec
-	affinity     *prometheus.CounterVec
+	selections   *counterVec
+	affinity     *counterVec
 	homesMoved   prometheus.Counter
-	// Pre-resolved children, so Select counts without a map lookup or an allocation.
-	selectedByLoad, selectedByFallback, selectedNone prometheus.Counter
-	affinityOutcomes                                 [len(affinity.Outcomes)]prometheus.Counter // by affinity.Outcome
+	// Pre-resolved counts, so Select counts without a lookup.
+	selectedByLoad, selectedByFallback, selectedNone *shardedCount
+	affinityOutcomes                                 [len(affinity.Outcomes)]*shardedCount // by affinity.Outcome
 }{}
 
 const metricsNamespace, metricsSubsystem = "caddy", "sglang_load"
@@ -90,19 +90,21 @@ func init() {
 		Help:    "Duration of load polls, by transport and result.",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 	}, []string{"transport", "result"})
-	metrics.selections = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "selections_total",
-		Help: "Upstream selections by branch: load (chosen on loads), fallback (by the fallback policy), none (no upstream).",
-	}, []string{"branch"})
-	metrics.selectedByLoad = metrics.selections.WithLabelValues("load")
-	metrics.selectedByFallback = metrics.selections.WithLabelValues("fallback")
-	metrics.selectedNone = metrics.selections.WithLabelValues("none")
-	metrics.affinity = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "affinity_decisions_total",
-		Help: "Selections with affinity on, by outcome: followed (sent to the key's home, or to the worker holding a conversation, credited with its cached tokens), yielded (the key is shared but load chose another worker), new (the key is not known to be shared: load chose), no_key (the request had no key).",
-	}, []string{"outcome"})
+	metrics.selections = newCounterVec("selections_total",
+		"Upstream selections by branch: load (chosen on loads), fallback (by the fallback policy), none (no upstream).",
+		"branch", []string{"load", "fallback", "none"})
+	metrics.selectedByLoad = &metrics.selections.counts[0]
+	metrics.selectedByFallback = &metrics.selections.counts[1]
+	metrics.selectedNone = &metrics.selections.counts[2]
+	outcomes := make([]string, len(affinity.Outcomes))
 	for _, o := range affinity.Outcomes {
-		metrics.affinityOutcomes[o] = metrics.affinity.WithLabelValues(o.String())
+		outcomes[o] = o.String()
+	}
+	metrics.affinity = newCounterVec("affinity_decisions_total",
+		"Selections with affinity on, by outcome: followed (sent to the key's home, or to the worker holding a conversation, credited with its cached tokens), yielded (the key is shared but load chose another worker), new (the key is not known to be shared: load chose), no_key (the request had no key).",
+		"outcome", outcomes)
+	for _, o := range affinity.Outcomes {
+		metrics.affinityOutcomes[o] = &metrics.affinity.counts[o]
 	}
 	metrics.homesMoved = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "affinity_homes_moved_total",

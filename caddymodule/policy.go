@@ -468,7 +468,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	v.init(p, pool, x)
 	idx, byLoad := loadpolicy.Choose(p.choice, p.metric, len(pool), v.signals, rand.IntN)
 	if byLoad {
-		metrics.selectedByLoad.Inc()
+		metrics.selectedByLoad.Inc(r)
 		return pool[idx]
 	}
 	return p.selectFallback(pool, r, w)
@@ -478,9 +478,9 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 func (p *Policy) selectFallback(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	u := p.fallback.Select(pool, r, w)
 	if u == nil {
-		metrics.selectedNone.Inc()
+		metrics.selectedNone.Inc(r)
 	} else {
-		metrics.selectedByFallback.Inc()
+		metrics.selectedByFallback.Inc(r)
 	}
 	return u
 }
