@@ -34,10 +34,11 @@ else
 	fail=1
 fi
 
-# The metric names the plugin registers (the Name of each metric in metricsSubsystem, and each gaugeDesc),
-# and the names every dashboard query uses; a histogram's series carry _bucket, _sum or _count.
+# The metric names the plugin registers (the Name of each metric in metricsSubsystem, each gaugeDesc and
+# each newCounterVec), and the names every dashboard query uses; a histogram's series carry _bucket,
+# _sum or _count.
 dashboard=examples/grafana/caddy-sglang.json
-grep -ohE '(Subsystem: metricsSubsystem, Name: +"|gaugeDesc\(")[a-z_]+"' caddymodule/*.go | sed -E 's/.*"([a-z_]+)"$/caddy_sglang_load_\1/' | sort -u >"$tmp/exported"
+grep -ohE '(Subsystem: metricsSubsystem, Name: +"|gaugeDesc\("|newCounterVec\(")[a-z_]+"' caddymodule/*.go | sed -E 's/.*"([a-z_]+)"$/caddy_sglang_load_\1/' | sort -u >"$tmp/exported"
 if ! jq -r '.. | objects | select(has("expr")) | .expr' "$dashboard" >"$tmp/exprs"; then
 	echo "FAIL $dashboard: not JSON"; fail=1
 elif [ ! -s "$tmp/exprs" ]; then
