@@ -9,9 +9,9 @@ import (
 )
 
 // counterVec is a counter by the values of one label that Select counts in on every core without
-// sharing a cache line: each request counts in one of counterShards lines, picked by the request's
-// address, and a scrape sums them. A prometheus counter is one word that every core's Select wrote:
-// with two cores selecting at once, it made the default policy's Select 2.7× least_conn's, not 1×.
+// sharing a cache line: each request counts in one of counterShards pairs of lines, picked by a hash of
+// the request's address, and a scrape sums them. A prometheus counter is one word that every core's
+// Select wrote: with two cores selecting at once, it made the default policy's Select 3× least_conn's.
 type counterVec struct {
 	desc   *prometheus.Desc
 	values []string
