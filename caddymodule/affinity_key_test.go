@@ -87,7 +87,7 @@ func TestHeaderKeyAndCostMetricKeyNothingFromTheBody(t *testing.T) {
 // over the workers. Keyed with no prompt tokens, such a request was chosen for on cost alone, every
 // session on the first of equally loaded workers.
 func TestHeaderSessionOfUnknownSizeFollowsItsSession(t *testing.T) {
-	pool := testPool(16)
+	pool := UpstreamsForTest(16)
 	report := func(int) *loadpolicy.Report {
 		return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{{Running: 4, MaxRunning: 64, GenThroughput: 800,
 			Fields: loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldMaxRunning | loadpolicy.FieldGenThroughput}})

@@ -294,7 +294,7 @@ func TestDynamicIdleProxyKeepsPolling(t *testing.T) {
 // Select over a dynamic pool (a new slice per request, as dynamic sources give) marks its upstreams
 // seen without allocating.
 func TestSelectOnDynamicPoolAllocatesNothing(t *testing.T) {
-	pool := benchPool(64)
+	pool := caddymodule.UpstreamsForTest(64)
 	p := &caddymodule.Policy{}
 	if err := caddymodule.ProvisionWithReports(p, pool, benchReport); err != nil {
 		t.Fatal(err)

@@ -12,8 +12,9 @@ import (
 	"github.com/caddy-sglang/caddy-sglang/monitor"
 )
 
-// testPool is n healthy upstreams dialled at 10.0.0.1:30000 on.
-func testPool(n int) reverseproxy.UpstreamPool {
+// UpstreamsForTest is n healthy upstreams dialled at 10.0.0.1:30000 on, built the way Caddy's own
+// selection policy tests build theirs: for this package's tests and benchmarks.
+func UpstreamsForTest(n int) reverseproxy.UpstreamPool {
 	pool := make(reverseproxy.UpstreamPool, n)
 	for i := range pool {
 		pool[i] = &reverseproxy.Upstream{Host: new(reverseproxy.Host), Dial: fmt.Sprintf("10.0.%d.%d:30000", (i+1)/256, (i+1)%256)}

@@ -14,7 +14,7 @@ import (
 // placement has run, the system prompts that the placement moved off the small-pool worker are sent
 // where it moved them.
 func TestSelectSendsCrowdedPromptsToTheirPlacedHome(t *testing.T) {
-	pool := testPool(3)
+	pool := UpstreamsForTest(3)
 	const all = loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldUsedTokens |
 		loadpolicy.FieldMaxTotalTokens | loadpolicy.FieldMaxRunning | loadpolicy.FieldGenThroughput
 	kvPool := []int64{2048, 1 << 20, 1 << 20} // worker 0's budget holds none of the prompts below

@@ -12,7 +12,7 @@ import (
 // from a window of the pool, allocating nothing. A GET has no body to key, and carries no prompt for a
 // session header to key. Pricing every upstream instead took 67 µs a request at 1,024 upstreams.
 func TestAffinityRequestWithoutKeyIsChosenAsByCost(t *testing.T) {
-	pool := testPool(1024)
+	pool := UpstreamsForTest(1024)
 	const cheapest = 500
 	report := func(i int) *loadpolicy.Report {
 		running := int64(40)

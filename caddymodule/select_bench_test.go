@@ -13,15 +13,6 @@ import (
 	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
 )
 
-// benchPool is n healthy upstreams, built the way Caddy's own selection policy tests build theirs.
-func benchPool(n int) reverseproxy.UpstreamPool {
-	pool := make(reverseproxy.UpstreamPool, n)
-	for i := range pool {
-		pool[i] = &reverseproxy.Upstream{Host: new(reverseproxy.Host), Dial: fmt.Sprintf("10.0.%d.%d:30000", i/256, i%256)}
-	}
-	return pool
-}
-
 // benchReport is a current-shape report of one DP rank whose load varies with i, so that comparisons
 // are decided on the most precise signal rather than on ties.
 func benchReport(i int) *loadpolicy.Report {
@@ -75,7 +66,7 @@ func benchSelectors(b *testing.B, pool reverseproxy.UpstreamPool) []namedSelecto
 func BenchmarkSelect(b *testing.B) {
 	req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 	for _, n := range []int{4, 64, 1024} {
-		pool := benchPool(n)
+		pool := caddymodule.UpstreamsForTest(n)
 		for _, s := range benchSelectors(b, pool) {
 			b.Run(fmt.Sprintf("n=%d/%s", n, s.name), func(b *testing.B) {
 				b.ReportAllocs()
@@ -94,7 +85,7 @@ func BenchmarkSelect(b *testing.B) {
 // ns/op is wall time over all cores' Selects.
 func BenchmarkSelectParallel(b *testing.B) {
 	for _, n := range []int{4, 64} {
-		pool := benchPool(n)
+		pool := caddymodule.UpstreamsForTest(n)
 		for _, s := range benchSelectors(b, pool) {
 			b.Run(fmt.Sprintf("n=%d/%s", n, s.name), func(b *testing.B) {
 				b.ReportAllocs()
@@ -132,7 +123,7 @@ func BenchmarkSelectReadingBody(b *testing.B) {
 		new  bool
 	}{{"escapes", chatBody(16 << 10), false}, {"prose", prose, false}, {"prose-new", bytes.Clone(prose), true}}
 	for _, n := range []int{4, 64} {
-		pool := benchPool(n)
+		pool := caddymodule.UpstreamsForTest(n)
 		for _, v := range []struct{ name, affinity string }{{"cost", ""}, {"affinity_prefix", "prefix"}} {
 			p := &caddymodule.Policy{Metric: "cost", Affinity: v.affinity}
 			if err := caddymodule.ProvisionWithReports(p, pool, benchReport); err != nil {
