@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"unsafe"
 
@@ -26,6 +27,15 @@ func newCounterVec(name, help, label string, values []string) *counterVec {
 		values: values,
 		counts: make([]shardedCount, len(values)),
 	}
+}
+
+// count is the count of the label's value, which must be one of the vector's.
+func (v *counterVec) count(value string) *shardedCount {
+	i := slices.Index(v.values, value)
+	if i < 0 {
+		panic("counter " + v.desc.String() + ": no value " + value)
+	}
+	return &v.counts[i]
 }
 
 func (v *counterVec) Describe(ch chan<- *prometheus.Desc) { ch <- v.desc }

@@ -93,9 +93,9 @@ func init() {
 	metrics.selections = newCounterVec("selections_total",
 		"Upstream selections by branch: load (chosen on loads), fallback (by the fallback policy), none (no upstream).",
 		"branch", []string{"load", "fallback", "none"})
-	metrics.selectedByLoad = &metrics.selections.counts[0]
-	metrics.selectedByFallback = &metrics.selections.counts[1]
-	metrics.selectedNone = &metrics.selections.counts[2]
+	metrics.selectedByLoad = metrics.selections.count("load")
+	metrics.selectedByFallback = metrics.selections.count("fallback")
+	metrics.selectedNone = metrics.selections.count("none")
 	outcomes := make([]string, len(affinity.Outcomes))
 	for _, o := range affinity.Outcomes {
 		outcomes[o] = o.String()
@@ -104,7 +104,7 @@ func init() {
 		"Selections with affinity on, by outcome: followed (sent to the key's home, or to the worker holding a conversation, credited with its cached tokens), yielded (the key is shared but load chose another worker), new (the key is not known to be shared: load chose), no_key (the request had no key).",
 		"outcome", outcomes)
 	for _, o := range affinity.Outcomes {
-		metrics.affinityOutcomes[o] = &metrics.affinity.counts[o]
+		metrics.affinityOutcomes[o] = metrics.affinity.count(o.String())
 	}
 	metrics.homesMoved = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "affinity_homes_moved_total",
