@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"context"
 	"math"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,6 +56,64 @@ func TestCostParamsFollowRecentPromptSizes(t *testing.T) {
 	p.sizes.gather(now, eps)
 	if got, want := paramsOf(p).MeanOutputTokens, 1000+math.Pow(0.99, 50)*(before-1000); math.Abs(got-want) > 1e-9*want {
 		t.Errorf("mean output after 50 requests of 1,000 tokens %.3f, want %.3f", got, want)
+	}
+}
+
+// A client's claim counts for no more than the worker can hold: SGLang rejects a request past what
+// its rank's pool holds, or cuts its max_tokens to fit. A max_tokens of 2^63-1, or a Content-Length of
+// 2^62 where the body is not read, overflowed the totals sent (output x size, the squares), and the
+// first set the mean output size, which prices every worker's admission, to 9.2e16 tokens: some 3,000
+// requests more before it was back under a thousand.
+func TestClaimedSizesCountAsTheWorkerHoldsThem(t *testing.T) {
+	const rankPool = 65536
+	for _, v := range []struct {
+		name, path, body string
+		contentLength    int64
+		prompt, output   int64 // as the worker holds the request; 0: the prompt as the body measures it
+	}{
+		{"max_tokens 2^63-1", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hello"}],"max_tokens":9223372036854775807}`, 0, 0, 0},
+		{"Content-Length 2^62, body not read", "/v1/embeddings", `{"input":"hello"}`, 1 << 62, rankPool, 1},
+	} {
+		p := &Policy{Metric: "cost"}
+		pool := UpstreamsForTest(1)
+		err := ProvisionWithReports(p, pool, func(int) *loadpolicy.Report {
+			rank := loadpolicy.Rank{Running: 2, MaxTotalTokens: rankPool, MaxRunning: 64,
+				Fields: loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldMaxTotalTokens | loadpolicy.FieldMaxRunning}
+			return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{rank, rank})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := p.sizes.out.Load()
+		req := httptest.NewRequest("POST", v.path, strings.NewReader(v.body))
+		if v.contentLength > 0 {
+			req.ContentLength = v.contentLength
+		}
+		if p.Select(pool, req, nil) == nil {
+			t.Fatalf("%s: no upstream selected", v.name)
+		}
+		ep := (*p.endpoints.Load())[pool[0].Dial]
+		var got loadpolicy.SentTotals
+		ep.sentTotals(&got)
+		prompt, output := v.prompt, v.output
+		if prompt == 0 { // the body's few tokens; the output is what the rank holds besides
+			prompt, output = got.PromptTokens, rankPool-got.PromptTokens
+			if prompt < 1 || prompt > 10 {
+				t.Fatalf("%s: prompt counted as %d tokens, want the body's few", v.name, prompt)
+			}
+		}
+		want := loadpolicy.SentTotals{Requests: 1, PromptTokens: prompt, OutputTokens: output,
+			Weighted: output * (prompt + output), Uncached: prompt}
+		if got != want {
+			t.Errorf("%s: sent %+v, want %+v", v.name, got, want)
+		}
+		if got, want := ep.sentUncachedSq.Load(), prompt*prompt; got != want {
+			t.Errorf("%s: squares of uncached prompts %d, want %d", v.name, got, want)
+		}
+		p.sizes.gather(time.Now().UnixMilli()+sizesEvery, *p.endpoints.Load())
+		if got, want := p.sizes.out.Load(), float64(output)+0.99*(before-float64(output)); math.Abs(got-want) > 1e-9*want {
+			t.Errorf("%s: mean output %v tokens, want %v", v.name, got, want)
+		}
 	}
 }
 

@@ -243,17 +243,19 @@ func (ep *endpoint) sentTotals(t *loadpolicy.SentTotals) {
 	t.Weighted, t.Uncached = ep.sentWeighted.Load(), ep.sentUncached.Load()
 }
 
-// placed counts a request the cost model sent here, cached of whose prompt tokens it holds.
+// placed counts a request the cost model sent here, cached of whose prompt tokens it holds, at the
+// size the worker can hold (Report.Held).
 func (ep *endpoint) placed(req loadpolicy.Request, cached int64) {
+	rep := ep.state.usable()
 	var d loadpolicy.SentTotals
-	d.Add(req, cached)
+	d.Add(rep.Held(req), cached)
 	ep.sentRequests.Add(d.Requests)
 	ep.sentPrompt.Add(d.PromptTokens)
 	ep.sentOutput.Add(d.OutputTokens)
 	ep.sentWeighted.Add(d.Weighted)
 	ep.sentUncached.Add(d.Uncached)
 	ep.sentUncachedSq.Add(d.Uncached * d.Uncached)
-	if rep := ep.state.usable(); rep != nil && !rep.Measured() {
+	if rep != nil && !rep.Measured() {
 		// Priced at the stand-ins, a slow worker can look as fast as the fastest until a poll measures
 		// the requests now sent to it: at the next interval, that is up to an interval of mispricing.
 		select {

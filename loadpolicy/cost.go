@@ -95,6 +95,24 @@ func (s *Since) setScaled(d *Since, f float64) {
 	d.SentOutput, d.SentWeighted, d.SentUncached = m(s.SentOutput), m(s.SentWeighted), m(s.SentUncached)
 }
 
+// maxRequestTokens bounds a request's tokens where no pool is known: past any model's context, and
+// small enough that a total of squares or of output x size stays far inside an int64.
+const maxRequestTokens = 1 << 24
+
+// Held is req as the worker (nil: one not reported) can hold it. A request runs on one rank, and
+// SGLang rejects one whose prompt and output exceed what the rank can hold, or cuts its max_tokens to
+// fit: a client's claim past that counts for no more, so that one absurd max_tokens or Content-Length
+// neither overflows the totals sent nor weighs in the mean sizes as thousands of requests.
+func (r *Report) Held(req Request) Request {
+	pool := int64(maxRequestTokens)
+	if r != nil && r.work.rankPool > 0 {
+		pool = min(r.work.rankPool, pool)
+	}
+	req.PromptTokens = min(max(req.PromptTokens, 0), pool)
+	req.OutputTokens = min(max(req.OutputTokens, 0), max(pool-req.PromptTokens, 1))
+	return req
+}
+
 // Add counts one more request sent, cached of whose prompt tokens were cached where it went.
 func (t *SentTotals) Add(req Request, cached int64) {
 	t.Requests++
@@ -111,6 +129,7 @@ type workload struct {
 	tokens   int64 // KV tokens held by running requests plus the queued prompt tokens
 	queued   int64 // queued prompt tokens the prefix cache misses
 	capacity int64 // KV pool tokens, 0 when unknown
+	rankPool int64 // the largest rank's KV pool tokens, the most one request holds; 0 when unknown
 	maxBatch int64 // running-request cap, 0 when unknown
 	ranks    int64 // data-parallel ranks: a request prefills on one of them
 	// genSum and batchSum sum the decode readings of the worker's recent reports, each weighed by half
@@ -218,6 +237,9 @@ func deriveWorkload(r *Report) workload {
 	w.tokens += w.queued
 	if all&FieldMaxTotalTokens != 0 {
 		w.capacity = r.MaxTotalTokens
+		for i := range r.Ranks {
+			w.rankPool = max(w.rankPool, r.Ranks[i].MaxTotalTokens)
+		}
 	}
 	if all&FieldMaxRunning != 0 {
 		w.maxBatch = r.MaxRunning
