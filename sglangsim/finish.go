@@ -14,10 +14,16 @@ func (w *Worker) plan(k promptKey, prompt, maxTokens int64, dpRank int) job {
 		dpRank:    dpRank,
 	}
 	// A request over the pool is refused by submit; do not hash it into blocks first.
-	if !w.cfg.DisablePrefixCache && prompt+maxTokens <= w.cfg.MaxTotalTokens {
+	if !w.cfg.DisablePrefixCache && w.fits(prompt, maxTokens) {
 		j.blocks, j.answer = k.blocks(prompt, j.output)
 	}
 	return j
+}
+
+// fits reports whether a request of these sizes fits the pool; not summed, since the sum of two
+// sizes a client sent can overflow.
+func (w *Worker) fits(prompt, maxTokens int64) bool {
+	return prompt <= w.cfg.MaxTotalTokens && maxTokens <= w.cfg.MaxTotalTokens-prompt
 }
 
 // outputLength is the length of an answer: maxTokens, or with low in (0, 1) a length in

@@ -245,10 +245,10 @@ func (w *Worker) Close() {
 
 // submit queues a request on a rank (j.dpRank < 0: round-robin) and starts the clock if it was idle.
 func (w *Worker) submit(j job) (*request, error) {
-	if j.prompt+j.maxTokens > w.cfg.MaxTotalTokens {
+	if !w.fits(j.prompt, j.maxTokens) {
 		return nil, &requestError{http.StatusBadRequest, fmt.Sprintf(
-			"request needs %d KV tokens (prompt %d + max output %d), more than the pool of %d",
-			j.prompt+j.maxTokens, j.prompt, j.maxTokens, w.cfg.MaxTotalTokens)}
+			"request needs prompt %d + max output %d KV tokens, more than the pool of %d",
+			j.prompt, j.maxTokens, w.cfg.MaxTotalTokens)}
 	}
 	if j.dpRank >= len(w.ranks) {
 		return nil, &requestError{http.StatusBadRequest, fmt.Sprintf(

@@ -424,6 +424,9 @@ func TestBadRequests(t *testing.T) {
 	_, base := startWorker(t, cfg)
 	for _, body := range []string{
 		`{"text":"hi","prompt_tokens":90,"sampling_params":{"max_new_tokens":20}}`,
+		// Sizes whose sum overflows an int64 are past the pool too.
+		`{"text":"hi","sampling_params":{"max_new_tokens":9223372036854775807}}`,
+		`{"text":"hi","prompt_tokens":9223372036854775807,"sampling_params":{"max_new_tokens":1}}`,
 		`{"text":["a","b"]}`,
 		`{"text":"hi","prompt_tokens":1.5}`,
 		`{"text":"hi","prompt_tokens":0}`,
