@@ -358,3 +358,53 @@ func BenchmarkReadHead(b *testing.B) {
 	}
 	cpu.report(b)
 }
+
+// Whatever the body, its declared length and how its reads come (a byte at a time, with the end on
+// the last data, failing part way), ReadRequest never panics and the body then yields exactly what
+// the client's would have: every byte sent and the same error at the end, read at once or in pieces,
+// closed unread before (a retry after a dial error) or not.
+func FuzzReadRequestPutsTheBodyBack(f *testing.F) {
+	f.Add([]byte(`{"messages":[{"role":"user","content":"hi"}],"max_tokens":8}`), int64(0), 64<<10, uint8(0))
+	f.Add([]byte(chatBody(6000, true)), int64(-10), 3000, uint8(1|8))
+	f.Add([]byte(`{"prompt":"abc"}`), int64(5), 1, uint8(2))
+	f.Add([]byte(chatBody(5000, false)), int64(-1<<40), 4096, uint8(3|4))
+	f.Fuzz(func(t *testing.T, sent []byte, lengthDelta int64, limit int, mode uint8) {
+		// Small sizes keep a byte-at-a-time read quick; the head is cut or not either way.
+		limit, sent = min(max(limit, -1), 8<<10), sent[:min(len(sent), 16<<10)]
+		var reader io.Reader = bytes.NewReader(sent)
+		var fail error
+		switch mode % 4 {
+		case 1:
+			reader = iotest.OneByteReader(reader)
+		case 2:
+			reader = iotest.DataErrReader(reader)
+		case 3:
+			fail = io.ErrClosedPipe
+			reader = io.MultiReader(io.LimitReader(reader, int64(len(sent)/2)), iotest.ErrReader(fail))
+			sent = sent[:len(sent)/2]
+		}
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		r.Body = io.NopCloser(reader)
+		switch {
+		case lengthDelta < -1<<30: // unknown length
+			r.ContentLength = -1
+		default:
+			r.ContentLength = max(int64(len(sent))+lengthDelta%64, 0)
+		}
+		req := Request{Blocks: make([]uint64, 0, MaxBlocks)}
+		ReadRequest(r, limit, &req)
+		if mode&4 != 0 {
+			r.Body.Close() // unread: the next attempt reads it all
+		}
+		var got []byte
+		var err error
+		if mode&8 != 0 {
+			got, err = io.ReadAll(iotest.OneByteReader(r.Body))
+		} else {
+			got, err = io.ReadAll(r.Body)
+		}
+		if !bytes.Equal(got, sent) || err != fail {
+			t.Fatalf("body gave %d bytes (equal %t) and %v, want the %d sent and %v", len(got), bytes.Equal(got, sent), err, len(sent), fail)
+		}
+	})
+}
