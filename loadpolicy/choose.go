@@ -59,6 +59,9 @@ func compareFloat(a, b float64) int {
 		return 0 // the common tie: equal loads, as two idle workers have
 	}
 	d, tol := a-b, 1e-9*max(math.Abs(a), math.Abs(b))
+	if tol > math.MaxFloat64 {
+		tol = 0 // an infinite cost (a request the worker cannot hold) is dearer than any finite one
+	}
 	return isTrue(d > tol) - isTrue(d < -tol)
 }
 

@@ -95,6 +95,12 @@ func (s *Since) setScaled(d *Since, f float64) {
 	d.SentOutput, d.SentWeighted, d.SentUncached = m(s.SentOutput), m(s.SentWeighted), m(s.SentUncached)
 }
 
+// holds reports whether the worker's largest rank holds a request of prompt and output tokens: SGLang
+// refuses a longer one. Any does where no pool is reported.
+func (w *workload) holds(prompt, output float64) bool {
+	return w.rankPool <= 0 || prompt+output <= float64(w.rankPool)
+}
+
 // maxRequestTokens bounds a request's tokens where no pool is known: past any model's context, and
 // small enough that a total of squares or of output x size stays far inside an int64.
 const maxRequestTokens = 1 << 24
@@ -366,7 +372,8 @@ func (r *Report) Measured() bool {
 
 // Cost is the time, in seconds, that req would take on the worker if placed there now: since says what
 // happened after the report, cached is how many of its prompt tokens the worker already holds. It
-// returns +Inf for a report the model cannot price (see Priced).
+// returns +Inf for a report the model cannot price (see Priced), and for a request whose prompt and
+// output are more than the worker's largest rank holds.
 func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) float64 {
 	w := &r.work
 	if !w.has {
@@ -380,6 +387,9 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 	meanOut := atLeast(p.MeanOutputTokens, 1)
 	prompt := float64(max(req.PromptTokens, 0))
 	out := float64(max(req.OutputTokens, 1))
+	if !w.holds(prompt, out) {
+		return math.Inf(1) // refused there, or its answer cut short: any worker that holds it goes first
+	}
 
 	// Requests on the worker now. Of those in the report, the oldest finish first: every request that
 	// finished since is taken from them before any sent since.

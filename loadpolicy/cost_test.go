@@ -465,6 +465,48 @@ func TestCostFallbacks(t *testing.T) {
 	}
 }
 
+// A request whose prompt and output are more than the worker's largest rank holds is refused there:
+// priced +Inf, so that any worker that holds it goes first. Where no pool is reported it is priced.
+func TestCostOfARequestTheWorkerCannotHold(t *testing.T) {
+	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 16, MeanOutputTokens: 100}
+	ranks := NewReport(time.Unix(0, 0), "", []Rank{worker(1, 0, 0, 0, 4096, 8, 0), worker(1, 0, 0, 0, 8192, 8, 0)})
+	noPool := NewReport(time.Unix(0, 0), "", []Rank{{Running: 1, Fields: FieldRunning | FieldWaiting}})
+	for _, v := range []struct {
+		name     string
+		rep      *Report
+		req      Request
+		infinite bool
+	}{
+		{"fits the larger rank exactly", ranks, Request{8000, 192}, false},
+		{"a token more", ranks, Request{8000, 193}, true},
+		{"prompt alone too long", ranks, Request{9000, 1}, true},
+		{"no pool reported", noPool, Request{1 << 40, 1 << 40}, false},
+	} {
+		if got := v.rep.Cost(v.req, 0, &Since{}, &params); math.IsInf(got, 1) != v.infinite || math.IsNaN(got) || got <= 0 {
+			t.Errorf("%s: %+v priced at %v s, want infinite %t", v.name, v.req, got, v.infinite)
+		}
+	}
+	// Dearer than any finite price, whichever comes first and however it is chosen; two infinite
+	// ones tie. Compared within a relative tolerance, they tied with every price.
+	for _, costs := range [][2]float64{{math.Inf(1), 5e6}, {5e6, math.Inf(1)}} {
+		at := func(i int) (Candidate, bool) { return Candidate{Cost: costs[i]}, true }
+		want := 0
+		if math.IsInf(costs[0], 1) {
+			want = 1
+		}
+		for _, choice := range []Choice{Least, Window, PowerOfTwo} {
+			for draw := range 2 {
+				if i, _ := Choose(choice, MetricCost, 2, at, func(int) int { return draw }); i != want {
+					t.Errorf("%v, costs %v, draw %d: chose %d, want %d", choice, costs, draw, i, want)
+				}
+			}
+		}
+	}
+	if c := compareFloat(math.Inf(1), math.Inf(1)); c != 0 {
+		t.Errorf("two infinite prices compare %d, want 0", c)
+	}
+}
+
 func TestChooseCost(t *testing.T) {
 	costs := []struct {
 		cost  float64 // 0: not priced

@@ -1,0 +1,64 @@
+package caddymodule_test
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/caddy-sglang/caddy-sglang/sglangsim"
+)
+
+// With the cost metric, a request longer than a worker's KV pool holds goes to a worker that holds
+// it: the small worker would refuse it (as SGLang does, 400). One that no worker holds gets a worker's
+// own refusal, not a proxy error.
+func TestCostMetricSendsARequestWhereItFits(t *testing.T) {
+	small := serveSim(t, sglangsim.Config{Name: "small", MaxTotalTokens: 4096, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1e5}, nil)
+	large := serveSim(t, sglangsim.Config{Name: "large", MaxTotalTokens: 65536, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1e5}, nil)
+	addrs := []string{strings.TrimPrefix(small.URL, "http://"), strings.TrimPrefix(large.URL, "http://")}
+	tester := caddytest.NewTester(t)
+	tester.InitServer(caddyfileFor("interval 1s", "metric cost", addrs...), "caddyfile")
+	eventually(t, 10*time.Second, func() bool {
+		ws := workers(t)
+		return ws[addrs[0]].PollsOK > 0 && ws[addrs[1]].PollsOK > 0
+	}, "both workers polled")
+
+	send := func(body string) (int, string) {
+		t.Helper()
+		resp, err := http.Post("http://127.0.0.1:9080/generate", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, resp.Header.Get(sglangsim.HeaderWorker)
+	}
+	// 3,000 prompt tokens and 2,000 output: 5,000, past the small worker's 4,096.
+	for i := range 20 {
+		code, by := send(`{"text":"a long document","prompt_tokens":3000,"sampling_params":{"max_new_tokens":2000}}`)
+		if code != http.StatusOK || by != "large" {
+			t.Fatalf("request %d: status %d from %q, want 200 from the large worker", i, code, by)
+		}
+	}
+	// Requests that both hold still go to both.
+	served := map[string]int{}
+	for range 40 {
+		code, by := send(`{"text":"a question","prompt_tokens":100,"sampling_params":{"max_new_tokens":16}}`)
+		if code != http.StatusOK {
+			t.Fatalf("a short request: status %d from %q", code, by)
+		}
+		served[by]++
+	}
+	if served["small"] == 0 || served["large"] == 0 {
+		t.Errorf("short requests served %v, want both workers", served)
+	}
+	code, by := send(`{"text":"too long","prompt_tokens":70000,"sampling_params":{"max_new_tokens":16}}`)
+	if code != http.StatusBadRequest || by == "" {
+		t.Errorf("a request no worker holds: status %d from %q, want a worker's 400", code, by)
+	}
+}
