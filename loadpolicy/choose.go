@@ -138,12 +138,24 @@ func Choose(choice Choice, metric Metric, n int, at func(i int) (Candidate, bool
 		}
 		return least(metric, n, at, intn)
 	case Window:
-		if n <= WindowSize {
-			return cheapest(0, n, n, at, intn)
-		}
-		return cheapest(intn(n), WindowSize, n, at, intn)
+		return window(n, at, intn)
 	}
 	return powerOfTwo(metric, n, at, intn)
+}
+
+// window returns the cheapest of every candidate of a pool up to WindowSize, else of WindowSize
+// consecutive ones from a random start.
+func window(n int, at func(int) (Candidate, bool), intn func(int) int) (int, bool) {
+	if n <= WindowSize {
+		return cheapest(0, n, n, at, intn)
+	}
+	return cheapest(intn(n), WindowSize, n, at, intn)
+}
+
+// neitherHolds reports, for the cost metric, that neither candidate can hold the request (both priced
+// +Inf): power_of_two then looks for one that can in a window.
+func neitherHolds(metric Metric, a, b *Candidate) bool {
+	return metric.cost && math.IsInf(a.Cost, 1) && math.IsInf(b.Cost, 1)
 }
 
 // cheapest returns the priced candidate of least cost among count candidates from start on (wrapping
@@ -291,6 +303,9 @@ func powerOfTwo(metric Metric, n int, at func(int) (Candidate, bool), intn func(
 		if !metric.usable(&a) && !metric.usable(&b) {
 			break // only a full pass can tell whether any candidate has loads, or the caller falls back
 		}
+		if neitherHolds(metric, &a, &b) {
+			return window(n, at, intn)
+		}
 		return better(metric, [2]int{i, j}, &a, &b, intn), true
 	}
 	return powerOfTwoScan(metric, n, at, intn)
@@ -326,6 +341,8 @@ func powerOfTwoScan(metric Metric, n int, at func(int) (Candidate, bool), intn f
 		return -1, false
 	case available == 1:
 		return pick[0], true
+	case neitherHolds(metric, &cand[0], &cand[1]):
+		return window(n, at, intn)
 	}
 	return better(metric, pick, &cand[0], &cand[1], intn), true
 }

@@ -2,6 +2,7 @@ package loadpolicy
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -500,6 +501,20 @@ func TestCostOfARequestTheWorkerCannotHold(t *testing.T) {
 					t.Errorf("%v, costs %v, draw %d: chose %d, want %d", choice, costs, draw, i, want)
 				}
 			}
+		}
+	}
+	// power_of_two draws two; when neither holds the request it looks for one that does in a window.
+	holdsAt := func(k int) func(int) (Candidate, bool) {
+		return func(i int) (Candidate, bool) {
+			if i == k {
+				return Candidate{Cost: 9}, true
+			}
+			return Candidate{Cost: math.Inf(1)}, true
+		}
+	}
+	for range 100 {
+		if i, ok := Choose(PowerOfTwo, MetricCost, 10, holdsAt(7), rand.IntN); i != 7 || !ok {
+			t.Fatalf("power_of_two among 10, one holding the request: chose %d %v, want 7", i, ok)
 		}
 	}
 	if c := compareFloat(math.Inf(1), math.Inf(1)); c != 0 {
