@@ -59,9 +59,9 @@ func TestCostParamsFollowRecentPromptSizes(t *testing.T) {
 	}
 }
 
-// A client's claim counts for no more than the worker can hold: SGLang rejects a request past what
-// its rank's pool holds, or cuts its max_tokens to fit. A max_tokens of 2^63-1, or a Content-Length of
-// 2^62 where the body is not read, overflowed the totals sent (output x size, the squares), and the
+// A request the worker cannot hold counts as holding nothing there: SGLang refuses a request whose
+// prompt and output are more than its rank holds, at once. A max_tokens of 2^63-1, or a Content-Length
+// of 2^62 where the body is not read, overflowed the totals sent (output x size, the squares), and the
 // first set the mean output size, which prices every worker's admission, to 9.2e16 tokens: some 3,000
 // requests more before it was back under a thousand.
 func TestClaimedSizesCountAsTheWorkerHoldsThem(t *testing.T) {
@@ -69,10 +69,11 @@ func TestClaimedSizesCountAsTheWorkerHoldsThem(t *testing.T) {
 	for _, v := range []struct {
 		name, path, body string
 		contentLength    int64
-		prompt, output   int64 // as the worker holds the request; 0: the prompt as the body measures it
+		prompt, output   int64 // as the worker holds the request
 	}{
 		{"max_tokens 2^63-1", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hello"}],"max_tokens":9223372036854775807}`, 0, 0, 0},
-		{"Content-Length 2^62, body not read", "/v1/embeddings", `{"input":"hello"}`, 1 << 62, rankPool, 1},
+		{"Content-Length 2^62, body not read", "/v1/embeddings", `{"input":"hello"}`, 1 << 62, 0, 0},
+		{"held", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hello"}],"max_tokens":60000}`, 0, 2, 60000},
 	} {
 		p := &Policy{Metric: "cost"}
 		pool := UpstreamsForTest(1)
@@ -96,12 +97,6 @@ func TestClaimedSizesCountAsTheWorkerHoldsThem(t *testing.T) {
 		var got loadpolicy.SentTotals
 		ep.sentTotals(&got)
 		prompt, output := v.prompt, v.output
-		if prompt == 0 { // the body's few tokens; the output is what the rank holds besides
-			prompt, output = got.PromptTokens, rankPool-got.PromptTokens
-			if prompt < 1 || prompt > 10 {
-				t.Fatalf("%s: prompt counted as %d tokens, want the body's few", v.name, prompt)
-			}
-		}
 		want := loadpolicy.SentTotals{Requests: 1, PromptTokens: prompt, OutputTokens: output,
 			Weighted: output * (prompt + output), Uncached: prompt}
 		if got != want {

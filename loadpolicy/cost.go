@@ -105,17 +105,17 @@ func (w *workload) holds(prompt, output float64) bool {
 // small enough that a total of squares or of output x size stays far inside an int64.
 const maxRequestTokens = 1 << 24
 
-// Held is req as the worker (nil: one not reported) can hold it. A request runs on one rank, and
-// SGLang rejects one whose prompt and output exceed what the rank can hold, or cuts its max_tokens to
-// fit: a client's claim past that counts for no more, so that one absurd max_tokens or Content-Length
-// neither overflows the totals sent nor weighs in the mean sizes as thousands of requests.
+// Held is what of req the worker (nil: one not reported) holds. A request runs on one rank, and
+// SGLang refuses one whose prompt and output are more than the rank holds: it holds nothing, and
+// finishes at once. A client's claim is bounded by maxRequestTokens besides, so that one absurd
+// max_tokens or Content-Length neither overflows the totals sent nor weighs in the mean sizes as
+// thousands of requests.
 func (r *Report) Held(req Request) Request {
-	pool := int64(maxRequestTokens)
-	if r != nil && r.work.rankPool > 0 {
-		pool = min(r.work.rankPool, pool)
+	req.PromptTokens, req.OutputTokens = max(req.PromptTokens, 0), max(req.OutputTokens, 0)
+	if r != nil && !r.work.holds(float64(req.PromptTokens), float64(req.OutputTokens)) {
+		return Request{}
 	}
-	req.PromptTokens = min(max(req.PromptTokens, 0), pool)
-	req.OutputTokens = min(max(req.OutputTokens, 0), max(pool-req.PromptTokens, 1))
+	req.PromptTokens, req.OutputTokens = min(req.PromptTokens, maxRequestTokens), min(req.OutputTokens, maxRequestTokens)
 	return req
 }
 

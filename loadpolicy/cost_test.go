@@ -646,8 +646,8 @@ func TestSendersScaleWhatWasSentSince(t *testing.T) {
 	}
 }
 
-// A request counts as its worker can hold it: within the largest rank's pool, the output within what
-// the prompt leaves of it (at least a token); within maxRequestTokens where no pool is reported.
+// A request counts as its worker holds it: not at all where its largest rank cannot hold it (SGLang
+// refuses it at once), and within maxRequestTokens where no pool is reported.
 func TestHeld(t *testing.T) {
 	ranks := NewReport(time.Now(), "", []Rank{worker(1, 0, 0, 0, 4096, 8, 0), worker(1, 0, 0, 0, 8192, 8, 0)})
 	noPool := NewReport(time.Now(), "", []Rank{{Running: 1, Fields: FieldRunning | FieldWaiting}})
@@ -657,11 +657,13 @@ func TestHeld(t *testing.T) {
 		req, want Request
 	}{
 		{"fits", ranks, Request{1000, 512}, Request{1000, 512}},
-		{"the larger rank's pool", ranks, Request{1000, 8000}, Request{1000, 7192}},
-		{"prompt past the pool", ranks, Request{1 << 40, 256}, Request{8192, 1}},
+		{"fits the larger rank exactly", ranks, Request{1000, 7192}, Request{1000, 7192}},
+		{"a token more: refused", ranks, Request{1000, 7193}, Request{}},
+		{"max_tokens 2^63-1: refused", ranks, Request{10, math.MaxInt64}, Request{}},
+		{"prompt past the pool: refused", ranks, Request{1 << 40, 256}, Request{}},
 		{"negative", ranks, Request{-5, -7}, Request{0, 0}},
-		{"no pool reported", noPool, Request{math.MaxInt64, math.MaxInt64}, Request{maxRequestTokens, 1}},
-		{"no report", nil, Request{100, math.MaxInt64}, Request{100, maxRequestTokens - 100}},
+		{"no pool reported", noPool, Request{math.MaxInt64, math.MaxInt64}, Request{maxRequestTokens, maxRequestTokens}},
+		{"no report", nil, Request{100, math.MaxInt64}, Request{100, maxRequestTokens}},
 	} {
 		if got := v.rep.Held(v.req); got != v.want {
 			t.Errorf("%s: Held(%+v) = %+v, want %+v", v.name, v.req, got, v.want)
