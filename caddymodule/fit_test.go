@@ -14,13 +14,19 @@ import (
 
 // With the cost metric, a request longer than a worker's KV pool holds goes to a worker that holds
 // it: the small worker would refuse it (as SGLang does, 400). One that no worker holds gets a worker's
-// own refusal, not a proxy error.
+// own refusal, not a proxy error. With affinity too, whichever worker a prompt's home is.
 func TestCostMetricSendsARequestWhereItFits(t *testing.T) {
+	for _, policy := range []string{"metric cost", "affinity prefix"} {
+		t.Run(strings.ReplaceAll(policy, " ", "_"), func(t *testing.T) { testSentWhereItFits(t, policy) })
+	}
+}
+
+func testSentWhereItFits(t *testing.T, policy string) {
 	small := serveSim(t, sglangsim.Config{Name: "small", MaxTotalTokens: 4096, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1e5}, nil)
 	large := serveSim(t, sglangsim.Config{Name: "large", MaxTotalTokens: 65536, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1e5}, nil)
 	addrs := []string{strings.TrimPrefix(small.URL, "http://"), strings.TrimPrefix(large.URL, "http://")}
 	tester := caddytest.NewTester(t)
-	tester.InitServer(caddyfileFor("interval 1s", "metric cost", addrs...), "caddyfile")
+	tester.InitServer(caddyfileFor("interval 1s", policy, addrs...), "caddyfile")
 	eventually(t, 10*time.Second, func() bool {
 		ws := workers(t)
 		return ws[addrs[0]].PollsOK > 0 && ws[addrs[1]].PollsOK > 0
@@ -38,9 +44,11 @@ func TestCostMetricSendsARequestWhereItFits(t *testing.T) {
 		}
 		return resp.StatusCode, resp.Header.Get(sglangsim.HeaderWorker)
 	}
-	// 3,000 prompt tokens and 2,000 output: 5,000, past the small worker's 4,096.
+	// 3,000 prompt tokens and 2,000 output: 5,000, past the small worker's 4,096. One document, so that
+	// with affinity every request after the first has a home.
+	long := `{"text":"` + strings.Repeat("a long shared document. ", 100) + `","prompt_tokens":3000,"sampling_params":{"max_new_tokens":2000}}`
 	for i := range 20 {
-		code, by := send(`{"text":"a long document","prompt_tokens":3000,"sampling_params":{"max_new_tokens":2000}}`)
+		code, by := send(long)
 		if code != http.StatusOK || by != "large" {
 			t.Fatalf("request %d: status %d from %q, want 200 from the large worker", i, code, by)
 		}
