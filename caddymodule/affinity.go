@@ -73,6 +73,7 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 		if st.body.MaxTokens > 0 {
 			st.size.OutputTokens = st.body.MaxTokens
 		}
+		st.size = st.size.Bounded()
 	}
 	switch p.Affinity {
 	case affinityPrefix:
@@ -92,9 +93,9 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 }
 
 // unreadSize is r's size where its body is not read: the prompt from Content-Length, the output from
-// default_max_tokens.
+// default_max_tokens; Bounded, as every size the policy takes from a request.
 func (p *Policy) unreadSize(r *http.Request) loadpolicy.Request {
-	return loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
+	return loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}.Bounded()
 }
 
 // sizeOf is the size of the request st was read from, r.

@@ -101,21 +101,28 @@ func (w *workload) holds(prompt, output float64) bool {
 	return w.rankPool <= 0 || prompt+output <= float64(w.rankPool)
 }
 
-// maxRequestTokens bounds a request's tokens where no pool is known: past any model's context, and
-// small enough that a total of squares or of output x size stays far inside an int64.
-const maxRequestTokens = 1 << 24
+// MaxRequestTokens bounds the tokens a request claims, prompt and output each: past any model's
+// context, and small enough that the proxy's sums and products of sizes (a total of squares, output x
+// size, blocks x tokens) stay far inside an int64.
+const MaxRequestTokens = 1 << 24
+
+// Bounded is req with each size within [0, MaxRequestTokens]: a client's max_tokens or Content-Length
+// past that counts for no more.
+func (req Request) Bounded() Request {
+	req.PromptTokens = min(max(req.PromptTokens, 0), MaxRequestTokens)
+	req.OutputTokens = min(max(req.OutputTokens, 0), MaxRequestTokens)
+	return req
+}
 
 // Held is what of req the worker (nil: one not reported) holds. A request runs on one rank, and
 // SGLang refuses one whose prompt and output are more than the rank holds: it holds nothing, and
-// finishes at once. A client's claim is bounded by maxRequestTokens besides, so that one absurd
-// max_tokens or Content-Length neither overflows the totals sent nor weighs in the mean sizes as
-// thousands of requests.
+// finishes at once. Otherwise it is req, Bounded, so that one absurd size neither overflows the totals
+// sent nor weighs in the mean sizes as thousands of requests.
 func (r *Report) Held(req Request) Request {
-	req.PromptTokens, req.OutputTokens = max(req.PromptTokens, 0), max(req.OutputTokens, 0)
+	req = req.Bounded()
 	if r != nil && !r.work.holds(float64(req.PromptTokens), float64(req.OutputTokens)) {
 		return Request{}
 	}
-	req.PromptTokens, req.OutputTokens = min(req.PromptTokens, maxRequestTokens), min(req.OutputTokens, maxRequestTokens)
 	return req
 }
 

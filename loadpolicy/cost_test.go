@@ -647,7 +647,7 @@ func TestSendersScaleWhatWasSentSince(t *testing.T) {
 }
 
 // A request counts as its worker holds it: not at all where its largest rank cannot hold it (SGLang
-// refuses it at once), and within maxRequestTokens where no pool is reported.
+// refuses it at once), and within MaxRequestTokens where no pool is reported.
 func TestHeld(t *testing.T) {
 	ranks := NewReport(time.Now(), "", []Rank{worker(1, 0, 0, 0, 4096, 8, 0), worker(1, 0, 0, 0, 8192, 8, 0)})
 	noPool := NewReport(time.Now(), "", []Rank{{Running: 1, Fields: FieldRunning | FieldWaiting}})
@@ -662,8 +662,8 @@ func TestHeld(t *testing.T) {
 		{"max_tokens 2^63-1: refused", ranks, Request{10, math.MaxInt64}, Request{}},
 		{"prompt past the pool: refused", ranks, Request{1 << 40, 256}, Request{}},
 		{"negative", ranks, Request{-5, -7}, Request{0, 0}},
-		{"no pool reported", noPool, Request{math.MaxInt64, math.MaxInt64}, Request{maxRequestTokens, maxRequestTokens}},
-		{"no report", nil, Request{100, math.MaxInt64}, Request{100, maxRequestTokens}},
+		{"no pool reported", noPool, Request{math.MaxInt64, math.MaxInt64}, Request{MaxRequestTokens, MaxRequestTokens}},
+		{"no report", nil, Request{100, math.MaxInt64}, Request{100, MaxRequestTokens}},
 	} {
 		if got := v.rep.Held(v.req); got != v.want {
 			t.Errorf("%s: Held(%+v) = %+v, want %+v", v.name, v.req, got, v.want)
