@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -46,24 +45,36 @@ func movePorts(caddyfile string, moves map[string]string) (string, error) {
 // `affinity prefix` as the block's first line and drops its `metric` line, since affinity prices
 // requests with the cost metric.
 func withAffinity(caddyfile string) (string, error) {
+	return inPolicyBlock(caddyfile, "affinity prefix", "metric")
+}
+
+// withMetric sets the metric of the Caddyfile's `lb_policy sglang_load` block, and drops its `choose`
+// line so that the metric's own default choice applies (a window of the cheapest with the cost metric).
+func withMetric(caddyfile, metric string) (string, error) {
+	return inPolicyBlock(caddyfile, "metric "+metric, "metric", "choose")
+}
+
+// inPolicyBlock adds line as the first of the Caddyfile's `lb_policy sglang_load` block, and drops the
+// block's lines whose option is one of drop.
+func inPolicyBlock(caddyfile, line string, drop ...string) (string, error) {
 	lines := strings.Split(caddyfile, "\n")
-	for i, line := range lines {
-		code, _, _ := strings.Cut(line, "#")
+	for i, l := range lines {
+		code, _, _ := strings.Cut(l, "#")
 		if strings.Join(strings.Fields(code), " ") != "lb_policy sglang_load {" {
 			continue
 		}
-		indent := line[:len(line)-len(strings.TrimLeft(line, " \t"))]
-		out := append(slices.Clone(lines[:i+1]), indent+"\taffinity prefix")
+		indent := l[:len(l)-len(strings.TrimLeft(l, " \t"))]
+		out := append(slices.Clone(lines[:i+1]), indent+"\t"+line)
 		depth, j := 1, i+1
 		for ; j < len(lines) && depth > 0; j++ {
 			code, _, _ := strings.Cut(lines[j], "#")
 			depth += strings.Count(code, "{") - strings.Count(code, "}")
-			if f := strings.Fields(code); depth == 1 && len(f) > 0 && f[0] == "metric" {
+			if f := strings.Fields(code); depth == 1 && len(f) > 0 && slices.Contains(drop, f[0]) {
 				continue
 			}
 			out = append(out, lines[j])
 		}
 		return strings.Join(append(out, lines[j:]...), "\n"), nil
 	}
-	return "", errors.New("no `lb_policy sglang_load {` block to turn affinity on in")
+	return "", fmt.Errorf("no `lb_policy sglang_load {` block to add %q to", line)
 }

@@ -67,6 +67,27 @@ func TestWithAffinity(t *testing.T) {
 	}
 }
 
+// The rewrite that -metric makes: the metric first in the sglang_load block, its metric and choose
+// lines gone (the metric's own default choice applies), the rest of the file as it was.
+func TestWithMetric(t *testing.T) {
+	in := ":8080 {\n\treverse_proxy a b {\n\t\tlb_policy sglang_load {\n\t\t\tmetric auto\n\t\t\tchoose power_of_two # two\n" +
+		"\t\t\tfallback least_conn\n\t\t}\n\t\ttransport http {\n\t\t\tread_timeout 10m\n\t\t}\n\t}\n}\n"
+	got, err := withMetric(in, "cost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ":8080 {\n\treverse_proxy a b {\n\t\tlb_policy sglang_load {\n\t\t\tmetric cost\n" +
+		"\t\t\tfallback least_conn\n\t\t}\n\t\ttransport http {\n\t\t\tread_timeout 10m\n\t\t}\n\t}\n}\n"
+	if got != want {
+		t.Fatalf("got\n%s\nwant\n%s", got, want)
+	}
+	for _, args := range [][]string{{"-metric", "fastest"}, {"-metric", "cost", "-affinity"}} {
+		if _, err := parseFlags(args, io.Discard); err == nil || !strings.Contains(err.Error(), "-metric") {
+			t.Errorf("%v: error %v, want one that names -metric", args, err)
+		}
+	}
+}
+
 func TestParseFlags(t *testing.T) {
 	o, err := parseFlags([]string{"-capacity", "1000, 2000,3000", "-decode-speed", "50,100,150.5", "-worker-port", "41000"}, io.Discard)
 	if err != nil {

@@ -19,6 +19,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
 )
 
 func main() {
@@ -58,8 +60,9 @@ type options struct {
 	capacities                      []int
 	speeds                          []float64
 	readyTimeout, timeout, grace    time.Duration
-	affinity                        bool // turn on affinity prefix in the Caddyfile
-	sharedPrompts                   int  // system prompts the requests share; 0: none
+	affinity                        bool   // turn on affinity prefix in the Caddyfile
+	metric                          string // the Caddyfile's sglang_load metric, when set
+	sharedPrompts                   int    // system prompts the requests share; 0: none
 }
 
 func parseFlags(args []string, output io.Writer) (options, error) {
@@ -88,12 +91,21 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "deadline of the burst")
 	fs.DurationVar(&o.grace, "grace", 5*time.Second, "on shutdown, how long a process may take after SIGTERM before SIGKILL")
 	fs.BoolVar(&o.affinity, "affinity", false, "turn on `affinity prefix` in the Caddyfile's lb_policy sglang_load block (its metric line dropped: affinity prices with the cost metric); requests share 32 system prompts unless -shared-prompts says otherwise")
+	fs.StringVar(&o.metric, "metric", "", "set the `metric` of the Caddyfile's lb_policy sglang_load block, e.g. cost (its choose line dropped, so the metric's own default choice applies)")
 	fs.IntVar(&o.sharedPrompts, "shared-prompts", 0, fmt.Sprintf("requests share one of this many system prompts of %d tokens, sent as text so the workers' prefix caches can hit (0: none)", systemPromptTokens))
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if o.metric != "" {
+		if o.affinity {
+			return o, fmt.Errorf("-metric %s with -affinity: affinity prices with the cost metric", o.metric)
+		}
+		if _, err := loadpolicy.ParseMetric(o.metric); err != nil {
+			return o, fmt.Errorf("-metric: %w", err)
+		}
 	}
 	if o.affinity && o.sharedPrompts == 0 {
 		o.sharedPrompts = 32 // more than a worker's cache holds: load alone would spread and evict them
@@ -179,6 +191,11 @@ func (o options) caddyfile(dir string) (string, error) {
 	}
 	if o.affinity {
 		if moved, err = withAffinity(moved); err != nil {
+			return "", fmt.Errorf("%s: %w", o.config, err)
+		}
+	}
+	if o.metric != "" {
+		if moved, err = withMetric(moved, o.metric); err != nil {
 			return "", fmt.Errorf("%s: %w", o.config, err)
 		}
 	}
