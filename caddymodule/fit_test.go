@@ -65,7 +65,7 @@ func testSentWhereItFits(t *testing.T, policy string) {
 	if served["small"] == 0 || served["large"] == 0 {
 		t.Errorf("short requests served %v, want both workers", served)
 	}
-	code, by := send(`{"text":"too long","prompt_tokens":70000,"sampling_params":{"max_new_tokens":16}}`)
+	code, by := send(`{"text":"` + strings.Repeat("a longer document. ", 100) + `","prompt_tokens":70000,"sampling_params":{"max_new_tokens":16}}`)
 	if code != http.StatusBadRequest || by == "" {
 		t.Errorf("a request no worker holds: status %d from %q, want a worker's 400", code, by)
 	}
