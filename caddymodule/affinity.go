@@ -128,11 +128,10 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, 
 	}
 	metrics.selectedByLoad.Inc(r)
 	metrics.affinityOutcomes[choice.Outcome].Inc(r)
-	if ep := c.endpoint(choice.Index); ep != nil {
-		ep.placed(st.size, choice.CachedTokens)
+	if ep := c.endpoint(choice.Index); ep == nil || ep.placed(st.size, choice.CachedTokens) {
+		chosen, _, _ := c.Candidate(choice.Index)
+		p.affinityIndex.Record(st.key.Blocks, chosen)
 	}
-	chosen, _, _ := c.Candidate(choice.Index)
-	p.affinityIndex.Record(st.key.Blocks, chosen)
 	now := c.now.UnixMilli()
 	p.sizes.gather(now, c.eps)
 	p.homes.Note(st.key, now)

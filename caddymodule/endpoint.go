@@ -244,11 +244,13 @@ func (ep *endpoint) sentTotals(t *loadpolicy.SentTotals) {
 }
 
 // placed counts a request the cost model sent here, cached of whose prompt tokens it holds, at the
-// size the worker can hold (Report.Held).
-func (ep *endpoint) placed(req loadpolicy.Request, cached int64) {
+// size the worker holds (Report.Held), and reports whether it holds the request: one it refuses
+// caches nothing there.
+func (ep *endpoint) placed(req loadpolicy.Request, cached int64) (held bool) {
 	rep := ep.state.usable()
+	req, held = rep.Held(req)
 	var d loadpolicy.SentTotals
-	d.Add(rep.Held(req), cached)
+	d.Add(req, cached)
 	ep.sentRequests.Add(d.Requests)
 	ep.sentPrompt.Add(d.PromptTokens)
 	ep.sentOutput.Add(d.OutputTokens)
@@ -263,6 +265,7 @@ func (ep *endpoint) placed(req loadpolicy.Request, cached int64) {
 		default:
 		}
 	}
+	return held
 }
 
 // minCost is the least price: a Candidate's zero cost means not priced.

@@ -14,7 +14,8 @@ import (
 
 // With the cost metric, a request longer than a worker's KV pool holds goes to a worker that holds
 // it: the small worker would refuse it (as SGLang does, 400). One that no worker holds gets a worker's
-// own refusal, not a proxy error. With affinity too, whichever worker a prompt's home is.
+// own refusal, not a proxy error, and with affinity its prompt is not recorded as cached there. With
+// affinity too, whichever worker a prompt's home is.
 func TestCostMetricSendsARequestWhereItFits(t *testing.T) {
 	for _, policy := range []string{"metric cost", "affinity prefix"} {
 		t.Run(strings.ReplaceAll(policy, " ", "_"), func(t *testing.T) { testSentWhereItFits(t, policy) })
@@ -65,8 +66,23 @@ func testSentWhereItFits(t *testing.T, policy string) {
 	if served["small"] == 0 || served["large"] == 0 {
 		t.Errorf("short requests served %v, want both workers", served)
 	}
+	blocks := func() [2]int64 {
+		ws := workers(t)
+		var n [2]int64
+		for i, a := range addrs {
+			if b := ws[a].AffinityBlocks; b != nil {
+				n[i] = *b
+			}
+		}
+		return n
+	}
+	before := blocks()
 	code, by := send(`{"text":"` + strings.Repeat("a longer document. ", 100) + `","prompt_tokens":70000,"sampling_params":{"max_new_tokens":16}}`)
 	if code != http.StatusBadRequest || by == "" {
 		t.Errorf("a request no worker holds: status %d from %q, want a worker's 400", code, by)
+	}
+	// The worker refused it: its prompt is cached nowhere.
+	if after := blocks(); after != before {
+		t.Errorf("prompt blocks recorded per worker %v after a request no worker holds, want %v as before", after, before)
 	}
 }

@@ -114,16 +114,16 @@ func (req Request) Bounded() Request {
 	return req
 }
 
-// Held is what of req the worker (nil: one not reported) holds. A request runs on one rank, and
-// SGLang refuses one whose prompt and output are more than the rank holds: it holds nothing, and
-// finishes at once. Otherwise it is req, Bounded, so that one absurd size neither overflows the totals
-// sent nor weighs in the mean sizes as thousands of requests.
-func (r *Report) Held(req Request) Request {
+// Held is what of req the worker (nil: one not reported) holds, and whether it holds the request at
+// all. A request runs on one rank, and SGLang refuses one whose prompt and output are more than the
+// rank holds: it holds nothing, and finishes at once. Otherwise it is req, Bounded, so that one absurd
+// size neither overflows the totals sent nor weighs in the mean sizes as thousands of requests.
+func (r *Report) Held(req Request) (Request, bool) {
 	req = req.Bounded()
 	if r != nil && !r.work.holds(float64(req.PromptTokens), float64(req.OutputTokens)) {
-		return Request{}
+		return Request{}, false
 	}
-	return req
+	return req, true
 }
 
 // Add counts one more request sent, cached of whose prompt tokens were cached where it went.
