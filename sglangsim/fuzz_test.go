@@ -10,7 +10,8 @@ import (
 )
 
 // Whatever a client posts to a generation route, the simulator answers (an answer, or a 4xx error
-// that names what is wrong) and never panics: prompt_tokens 2^63-1 once did, in the pool check's sum.
+// that names what is wrong) and never panics. Where the pool check summed the sizes, max_tokens
+// 2^63-1 panicked, and prompt_tokens 2^63-1 was admitted and held the request until its deadline.
 func FuzzGenerationRequests(f *testing.F) {
 	for _, s := range []struct {
 		route uint8
