@@ -41,7 +41,8 @@ type Request struct {
 	// (rounded up, at least 1), or a token per token id. Text is measured as sent, less a byte per
 	// backslash: exact for the two-byte escapes but \\ (see parser.str). Chat counts message contents,
 	// not roles. When the head is cut inside the prompt, the bytes past the head (from the content
-	// length, when known) count as prompt text at the same rate.
+	// length, when known) count as prompt text at the same rate, unless it is cut inside a value that
+	// is not text, such as a part's base64 image. Media tokens are not counted.
 	PromptTokens int64
 	// MaxTokens is max_tokens (else max_completion_tokens) for OpenAI bodies and
 	// sampling_params.max_new_tokens for /generate; 0 when absent, negative or not an integer.
@@ -141,6 +142,9 @@ type parser struct {
 	// cutInPrompt: the head ended inside the prompt, so what follows is more of it.
 	cutInPrompt bool
 	inPrompt    bool
+	// skipping: inside a value the parser skips, such as a part's base64 image or audio, which says
+	// nothing of how much prompt text follows it.
+	skipping bool
 
 	key     keyWriter
 	prompt  promptKind
@@ -165,7 +169,7 @@ type parser struct {
 
 func (p *parser) end() bool {
 	p.cut = true
-	if p.inPrompt {
+	if p.inPrompt && !p.skipping {
 		p.cutInPrompt = true
 	}
 	return false
@@ -646,13 +650,18 @@ func (p *parser) literal() ([]byte, bool) {
 func isLiteral(c byte) bool { return c != '"' && c != '{' && c != '[' }
 
 func (p *parser) skipValue() bool {
+	was := p.skipping
+	p.skipping = true
+	var ok bool
 	switch p.s[p.i] {
 	case '"':
-		return p.skipString()
+		ok = p.skipString()
 	case '{', '[':
-		return p.skipNested()
+		ok = p.skipNested()
+	default:
+		_, ok = p.literal()
 	}
-	_, ok := p.literal()
+	p.skipping = was
 	return ok
 }
 

@@ -449,3 +449,24 @@ func TestParsePreviousBlocks(t *testing.T) {
 		})
 	}
 }
+
+// A head cut inside a part that is not text (an image's base64 data, say) says nothing of the
+// prompt's text past it: the bytes past the head must not count as prompt text, or a 1 MiB image
+// would price its request as a quarter of a million tokens.
+func TestParseCutInsideMedia(t *testing.T) {
+	image := strings.Repeat("iVBORw0K", 1<<17) // 1 MiB of base64
+	text := strings.Repeat("abcd", 100)        // 100 tokens
+	for _, tc := range []struct{ name, content string }{
+		{"image url", fmt.Sprintf(`[{"type":"text","text":%q},{"type":"image_url","image_url":{"url":"data:image/png;base64,%s"}}]`, text, image)},
+		{"audio", fmt.Sprintf(`[{"type":"text","text":%q},{"type":"input_audio","input_audio":{"data":"%s","format":"wav"}}]`, text, image)},
+	} {
+		body := `{"messages":[{"role":"user","content":` + tc.content + `}],"max_tokens":100}`
+		full := parse("/v1/chat/completions", body)
+		const headLen = 64 << 10
+		r := Request{Blocks: make([]uint64, 0, MaxBlocks)}
+		Parse("/v1/chat/completions", []byte(body[:headLen]), false, int64(len(body)), &r)
+		if full.PromptTokens != 100 || r.PromptTokens != full.PromptTokens {
+			t.Errorf("%s: head cut in the media: %d prompt tokens, whole body %d, want 100 each", tc.name, r.PromptTokens, full.PromptTokens)
+		}
+	}
+}
