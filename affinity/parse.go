@@ -47,6 +47,9 @@ type Request struct {
 	// MaxTokens is max_tokens (else max_completion_tokens) for OpenAI bodies and
 	// sampling_params.max_new_tokens for /generate; 0 when absent, negative or not an integer.
 	MaxTokens int64
+	// Samples is how many answers the request asks for: n for OpenAI bodies, sampling_params.n for
+	// /generate; 0 when absent, not positive or not an integer.
+	Samples int64
 	// Stream is the body's "stream": true.
 	Stream bool
 	// DeclaredPromptTokens is a top-level integer "prompt_tokens", which the simulator takes as the exact
@@ -106,6 +109,7 @@ func Parse(path string, head []byte, complete bool, contentLength int64, dst *Re
 		dst.MaxTokens = p.maxCompletion
 	}
 	dst.MaxTokens = max(0, dst.MaxTokens)
+	dst.Samples = max(0, p.samples)
 	if p.prompt != promptNone {
 		rest := int64(0)
 		if p.cutInPrompt && contentLength > int64(len(head)) {
@@ -156,6 +160,7 @@ type parser struct {
 	stream                           bool
 	declared                         int64
 	maxTokens, maxCompletion, maxNew int64
+	samples                          int64
 	hasMax                           bool
 	msgRole, msgContent              int      // positions in a message object, -1 when not seen
 	msgOpened                        bool     // the message's role and separator are keyed
@@ -360,6 +365,8 @@ func (p *parser) topField(key []byte) bool {
 			return p.integer(&p.maxTokens, &p.hasMax)
 		case "max_completion_tokens":
 			return p.integer(&p.maxCompletion, nil)
+		case "n":
+			return p.integer(&p.samples, nil)
 		}
 	case ShapeCompletion:
 		switch string(key) {
@@ -367,6 +374,8 @@ func (p *parser) topField(key []byte) bool {
 			return p.promptValue(p.completionPrompt)
 		case "max_tokens":
 			return p.integer(&p.maxTokens, &p.hasMax)
+		case "n":
+			return p.integer(&p.samples, nil)
 		}
 	case ShapeGenerate:
 		switch string(key) {
@@ -389,8 +398,11 @@ func (p *parser) topField(key []byte) bool {
 }
 
 func (p *parser) samplingField(key []byte) bool {
-	if string(key) == "max_new_tokens" {
+	switch string(key) {
+	case "max_new_tokens":
 		return p.integer(&p.maxNew, nil)
+	case "n":
+		return p.integer(&p.samples, nil)
 	}
 	return p.skipValue()
 }
