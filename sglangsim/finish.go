@@ -6,11 +6,16 @@ import (
 )
 
 // plan turns a parsed request into the model's job: its answer's length and its cacheable blocks.
-func (w *Worker) plan(k promptKey, prompt, maxTokens int64, dpRank int) job {
+// sample numbers the answers of a request for several (n), 0 for the first.
+func (w *Worker) plan(k promptKey, prompt, maxTokens int64, dpRank, sample int) job {
+	digest := k.digest()
+	if sample > 0 { // another answer to the same prompt: a length of its own
+		digest = mix64(digest + uint64(sample))
+	}
 	j := job{
 		prompt:    prompt,
 		maxTokens: maxTokens,
-		output:    outputLength(w.cfg.FinishEarly, k.digest(), prompt, maxTokens),
+		output:    outputLength(w.cfg.FinishEarly, digest, prompt, maxTokens),
 		dpRank:    dpRank,
 	}
 	// A request over the pool is refused by submit; do not hash it into blocks first.

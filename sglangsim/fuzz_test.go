@@ -23,6 +23,9 @@ func FuzzGenerationRequests(f *testing.F) {
 		{1, `{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_completion_tokens":3,"stream":true,"stream_options":{"include_usage":true}}`},
 		{2, `{"prompt":["a","b"],"max_tokens":-1}`},
 		{2, `{"prompt":"x","max_tokens":4,"data_parallel_rank":0}`},
+		{0, `{"text":"hi","sampling_params":{"n":128,"max_new_tokens":4000},"stream":true}`},
+		{1, `{"messages":[{"role":"user","content":"hi"}],"n":3,"max_tokens":5000}`},
+		{2, `{"prompt":"x","n":9223372036854775807}`},
 	} {
 		f.Add(s.route, []byte(s.body))
 	}

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,9 +21,12 @@ import (
 // cache still keys on the text, each of its blocks standing for a share of prompt_tokens in proportion
 // (see promptKey.blocks). The output is max_tokens (chat and completions; also max_completion_tokens) or
 // sampling_params.max_new_tokens (/generate) tokens, default 128, or fewer with Config.FinishEarly.
+// n (sampling_params.n for /generate) asks for that many answers, at most maxSamples: as SGLang does,
+// the prompt is prefilled once, and the answers decode side by side on its rank, each as a request.
 const (
 	defaultMaxOut = 128
 	maxBodyBytes  = 64 << 20
+	maxSamples    = 128
 )
 
 // HeaderWorker names the worker on every generate and chat response; HeaderQueueTime carries the
@@ -66,6 +71,7 @@ type generateRequest struct {
 	InputIDs       json.RawMessage `json:"input_ids"`
 	SamplingParams struct {
 		MaxNewTokens *int64 `json:"max_new_tokens"`
+		N            *int64 `json:"n"`
 	} `json:"sampling_params"`
 	Stream bool `json:"stream"`
 	sizeOverrides
@@ -79,6 +85,7 @@ type chatRequest struct {
 	} `json:"messages"`
 	MaxTokens           *int64         `json:"max_tokens"`
 	MaxCompletionTokens *int64         `json:"max_completion_tokens"`
+	N                   *int64         `json:"n"`
 	Stream              bool           `json:"stream"`
 	StreamOptions       *streamOptions `json:"stream_options"`
 	sizeOverrides
@@ -88,6 +95,7 @@ type completionRequest struct {
 	Model         string          `json:"model"`
 	Prompt        json.RawMessage `json:"prompt"`
 	MaxTokens     *int64          `json:"max_tokens"`
+	N             *int64          `json:"n"`
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options"`
 	sizeOverrides
@@ -327,6 +335,7 @@ func (r *request) e2e() float64 { return r.finished.Sub(r.enqueued).Seconds() }
 type sse struct {
 	rw http.ResponseWriter
 	rc *http.ResponseController
+	mu sync.Mutex // the answers of a request for several stream at once
 }
 
 func newSSE(rw http.ResponseWriter) *sse {
@@ -346,6 +355,8 @@ func (s *sse) send(v any) {
 }
 
 func (s *sse) raw(b []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	_, _ = s.rw.Write([]byte("data: "))
 	_, _ = s.rw.Write(b)
 	_, _ = s.rw.Write([]byte("\n\n"))
@@ -354,40 +365,73 @@ func (s *sse) raw(b []byte) {
 
 func (s *sse) done() { s.raw([]byte("[DONE]")) }
 
-// call is one parsed generation request, whichever API it came through.
+// call is one parsed generation request, whichever API it came through: its first answer's job, and
+// the others' when it asks for several.
 type call struct {
 	job
+	more         []job
 	stream       bool
 	includeUsage bool   // OpenAI stream_options.include_usage
 	model        string // OpenAI model name to echo
 }
 
-// newCall resolves a request's sizes and plans its job.
-func (w *Worker) newCall(k promptKey, estimate int64, o sizeOverrides, maxTokens *int64) (call, error) {
+// newCall resolves a request's sizes and plans its jobs, one per answer asked for (n).
+func (w *Worker) newCall(k promptKey, estimate int64, o sizeOverrides, maxTokens, n *int64) (call, error) {
 	prompt, maxOut, dpRank, err := o.sizes(estimate, maxTokens)
 	if err != nil {
 		return call{}, err
 	}
-	return call{job: w.plan(k, prompt, maxOut, dpRank)}, nil
+	samples := int64(1)
+	if n != nil {
+		if *n < 1 || *n > maxSamples {
+			return call{}, badRequest("n must be in [1, %d], got %d", maxSamples, *n)
+		}
+		samples = *n
+	}
+	c := call{job: w.plan(k, prompt, maxOut, dpRank, 0)}
+	for i := 1; i < int(samples); i++ {
+		c.more = append(c.more, w.plan(k, prompt, maxOut, dpRank, i))
+	}
+	return c, nil
+}
+
+// sample is the job of answer i.
+func (c *call) sample(i int) *job {
+	if i == 0 {
+		return &c.job
+	}
+	return &c.more[i-1]
+}
+
+// outputs is the output tokens of every answer.
+func (c *call) outputs() int64 {
+	n := c.output
+	for _, j := range c.more {
+		n += j.output
+	}
+	return n
 }
 
 // finishReason is "stop" for an answer that ended before its max_tokens, as at an end-of-sequence
 // token, else "length".
-func (c *call) finishReason() string {
-	if c.output < c.maxTokens {
+func (j *job) finishReason() string {
+	if j.output < j.maxTokens {
 		return "stop"
 	}
 	return "length"
 }
 
-// dialect is one API's request and response shapes; serve runs the part they share.
+// dialect is one API's request and response shapes; serve runs the part they share. reqs are the
+// requests of a call's answers, in order.
 type dialect interface {
 	parse(w *Worker, rw http.ResponseWriter, r *http.Request) (call, error)
 	// reply is the whole answer of a request that does not stream.
-	reply(c *call, req *request) any
-	// streamer returns the function that sends output tokens [from, to) as they come; final marks the
-	// last call, once the request is done.
-	streamer(c *call, req *request, s *sse) func(from, to int64, final bool)
+	reply(c *call, reqs []*request) any
+	// streamer returns the function that sends answer i's output tokens [from, to) as they come; final
+	// marks its last call, once that answer is done.
+	streamer(c *call, reqs []*request, i int, s *sse) func(from, to int64, final bool)
+	// streamEnd sends what follows every answer's last event, before [DONE].
+	streamEnd(c *call, reqs []*request, s *sse)
 }
 
 // serve answers one API's generation requests. A stream sends its first event when prefill finishes,
@@ -404,17 +448,77 @@ func (w *Worker) serve(d dialect) http.HandlerFunc {
 		if req == nil {
 			return
 		}
+		reqs := w.submitMore(rw, req, c.more)
+		if reqs == nil {
+			return
+		}
 		if !c.stream {
-			if w.wait(r.Context(), rw, req) {
-				writeJSON(rw, http.StatusOK, d.reply(&c, req))
+			if w.waitAll(r.Context(), rw, reqs) {
+				writeJSON(rw, http.StatusOK, d.reply(&c, reqs))
 			}
 			return
 		}
 		s := newSSE(rw)
-		if w.follow(r.Context(), req, d.streamer(&c, req, s)) {
+		if w.followAll(r.Context(), reqs, func(i int) func(from, to int64, final bool) { return d.streamer(&c, reqs, i, s) }) {
+			d.streamEnd(&c, reqs, s)
 			s.done()
 		}
 	}
+}
+
+// submitMore submits the other answers of first's request once first has prefilled, on its rank,
+// where they find the prompt cached. It returns every answer's request, or nil when one failed (it
+// has answered then).
+func (w *Worker) submitMore(rw http.ResponseWriter, first *request, more []job) []*request {
+	reqs := []*request{first}
+	for _, j := range more {
+		j.dpRank = first.rank.id
+		req, err := w.submit(j)
+		if err != nil {
+			for _, r := range reqs {
+				w.abort(r)
+			}
+			writeError(rw, err)
+			return nil
+		}
+		reqs = append(reqs, req)
+	}
+	return reqs
+}
+
+// waitAll is wait for every request, aborting the rest when one fails.
+func (w *Worker) waitAll(ctx context.Context, rw http.ResponseWriter, reqs []*request) bool {
+	for i, req := range reqs {
+		if !w.wait(ctx, rw, req) {
+			for _, rest := range reqs[i+1:] {
+				w.abort(rest)
+			}
+			return false
+		}
+	}
+	return true
+}
+
+// followAll is follow for every request at once, emit(i) sending request i's tokens; when one fails
+// the others are aborted.
+func (w *Worker) followAll(ctx context.Context, reqs []*request, emit func(i int) func(from, to int64, final bool)) bool {
+	if len(reqs) == 1 {
+		return w.follow(ctx, reqs[0], emit(0))
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	var failed atomic.Bool
+	for i, req := range reqs {
+		wg.Go(func() {
+			if !w.follow(ctx, req, emit(i)) {
+				failed.Store(true)
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	return !failed.Load()
 }
 
 // eosTokenID is what /generate reports as the matched stop token of an answer that ended early.
@@ -433,6 +537,7 @@ type metaInfo struct {
 type generateResponse struct {
 	Text     string   `json:"text"`
 	MetaInfo metaInfo `json:"meta_info"`
+	Index    *int     `json:"index,omitempty"` // which answer, when the request asked for several
 }
 
 // generateAPI is SGLang's native POST /generate. Its stream sends the cumulative text, as SGLang's does
@@ -448,39 +553,56 @@ func (generateAPI) parse(w *Worker, rw http.ResponseWriter, r *http.Request) (ca
 	if err != nil {
 		return call{}, err
 	}
-	c, err := w.newCall(k, max(1, k.tokens), body.sizeOverrides, body.SamplingParams.MaxNewTokens)
+	c, err := w.newCall(k, max(1, k.tokens), body.sizeOverrides, body.SamplingParams.MaxNewTokens, body.SamplingParams.N)
 	c.stream = body.Stream
 	return c, err
 }
 
-func (generateAPI) meta(c *call, req *request, tokens int64, final bool) metaInfo {
+func (generateAPI) meta(j *job, req *request, tokens int64, final bool) metaInfo {
 	m := metaInfo{
 		ID:               fmt.Sprintf("%x", req.id),
-		PromptTokens:     c.prompt,
+		PromptTokens:     j.prompt,
 		CompletionTokens: tokens,
 		CachedTokens:     req.cached,
 		QueueTime:        round(req.queueTime(), 6),
 	}
 	if final {
-		if c.finishReason() == "stop" {
+		if j.finishReason() == "stop" {
 			m.FinishReason = map[string]any{"type": "stop", "matched": eosTokenID}
 		} else {
-			m.FinishReason = map[string]any{"type": "length", "length": c.maxTokens}
+			m.FinishReason = map[string]any{"type": "length", "length": j.maxTokens}
 		}
 		m.E2ELatency = round(req.e2e(), 6)
 	}
 	return m
 }
 
-func (g generateAPI) reply(c *call, req *request) any {
-	return generateResponse{Text: filler(0, c.output), MetaInfo: g.meta(c, req, c.output, true)}
+// reply is an object, or a list of them for a request of several answers, as SGLang answers.
+func (g generateAPI) reply(c *call, reqs []*request) any {
+	if len(reqs) == 1 {
+		return generateResponse{Text: filler(0, c.output), MetaInfo: g.meta(&c.job, reqs[0], c.output, true)}
+	}
+	out := make([]generateResponse, len(reqs))
+	for i, req := range reqs {
+		j := c.sample(i)
+		out[i] = generateResponse{Text: filler(0, j.output), MetaInfo: g.meta(j, req, j.output, true), Index: &i}
+	}
+	return out
 }
 
-func (g generateAPI) streamer(c *call, req *request, s *sse) func(from, to int64, final bool) {
+// streamer sends answer i's cumulative text; with several answers each event says whose it is.
+func (g generateAPI) streamer(c *call, reqs []*request, i int, s *sse) func(from, to int64, final bool) {
+	j, req := c.sample(i), reqs[i]
+	var index *int
+	if len(reqs) > 1 {
+		index = &i
+	}
 	return func(_, to int64, final bool) {
-		s.send(generateResponse{Text: filler(0, to), MetaInfo: g.meta(c, req, to, final)})
+		s.send(generateResponse{Text: filler(0, to), MetaInfo: g.meta(j, req, to, final), Index: index})
 	}
 }
+
+func (generateAPI) streamEnd(*call, []*request, *sse) {}
 
 type chatMessage struct {
 	Role    string `json:"role,omitempty"`
@@ -526,6 +648,7 @@ func (a openAIAPI) parse(w *Worker, rw http.ResponseWriter, r *http.Request) (ca
 		estimate  int64
 		sizes     sizeOverrides
 		maxTokens *int64
+		n         *int64
 		stream    bool
 		opts      *streamOptions
 		model     string
@@ -540,7 +663,7 @@ func (a openAIAPI) parse(w *Worker, rw http.ResponseWriter, r *http.Request) (ca
 		if k, textBytes, err = body.prompt(); err != nil {
 			return call{}, err
 		}
-		estimate, sizes, maxTokens = promptTokens(textBytes), body.sizeOverrides, body.MaxTokens
+		estimate, sizes, maxTokens, n = promptTokens(textBytes), body.sizeOverrides, body.MaxTokens, body.N
 		if maxTokens == nil {
 			maxTokens = body.MaxCompletionTokens
 		}
@@ -554,10 +677,10 @@ func (a openAIAPI) parse(w *Worker, rw http.ResponseWriter, r *http.Request) (ca
 		if k, err = body.prompt(); err != nil {
 			return call{}, err
 		}
-		estimate, sizes, maxTokens = max(1, k.tokens), body.sizeOverrides, body.MaxTokens
+		estimate, sizes, maxTokens, n = max(1, k.tokens), body.sizeOverrides, body.MaxTokens, body.N
 		stream, opts, model = body.Stream, body.StreamOptions, body.Model
 	}
-	c, err := w.newCall(k, estimate, sizes, maxTokens)
+	c, err := w.newCall(k, estimate, sizes, maxTokens, n)
 	c.stream, c.includeUsage, c.model = stream, opts != nil && opts.IncludeUsage, model
 	if c.model == "" {
 		c.model = modelName
@@ -578,36 +701,43 @@ func (a openAIAPI) envelope(c *call, req *request, chunk bool) openAIResponse {
 	return resp
 }
 
+// usage counts the prompt once and every answer's output, as SGLang does for n answers.
 func (openAIAPI) usage(c *call, req *request) *openAIUsage {
+	out := c.outputs()
 	return &openAIUsage{
 		PromptTokens:        c.prompt,
-		CompletionTokens:    c.output,
-		TotalTokens:         c.prompt + c.output,
+		CompletionTokens:    out,
+		TotalTokens:         c.prompt + out,
 		PromptTokensDetails: promptDetails{CachedTokens: req.cached},
 		QueueTime:           round(req.queueTime(), 6),
 	}
 }
 
-func (a openAIAPI) reply(c *call, req *request) any {
-	resp := a.envelope(c, req, false)
-	text, finish := filler(0, c.output), c.finishReason()
-	ch := openAIChoice{FinishReason: &finish}
-	if a.chat {
-		ch.Message = &chatMessage{Role: "assistant", Content: text}
-	} else {
-		ch.Text = &text
+func (a openAIAPI) reply(c *call, reqs []*request) any {
+	resp := a.envelope(c, reqs[0], false)
+	for i := range reqs {
+		j := c.sample(i)
+		text, finish := filler(0, j.output), j.finishReason()
+		ch := openAIChoice{Index: i, FinishReason: &finish}
+		if a.chat {
+			ch.Message = &chatMessage{Role: "assistant", Content: text}
+		} else {
+			ch.Text = &text
+		}
+		resp.Choices = append(resp.Choices, ch)
 	}
-	resp.Choices, resp.Usage = []openAIChoice{ch}, a.usage(c, req)
+	resp.Usage = a.usage(c, reqs[0])
 	return resp
 }
 
-// streamer sends a chunk per batch of new tokens (a chat's first carries the role), a last chunk with
-// the finish reason, and the usage chunk when the client asked for it.
-func (a openAIAPI) streamer(c *call, req *request, s *sse) func(from, to int64, final bool) {
-	resp := a.envelope(c, req, true)
+// streamer sends a chunk per batch of answer i's new tokens (a chat's first carries the role) and a
+// last chunk with its finish reason.
+func (a openAIAPI) streamer(c *call, reqs []*request, i int, s *sse) func(from, to int64, final bool) {
+	resp := a.envelope(c, reqs[0], true)
+	j := c.sample(i)
 	first := true
 	send := func(text string, finish *string) {
-		ch := openAIChoice{FinishReason: finish}
+		ch := openAIChoice{Index: i, FinishReason: finish}
 		if a.chat {
 			ch.Delta = &chatMessage{Content: text}
 			if first {
@@ -627,12 +757,17 @@ func (a openAIAPI) streamer(c *call, req *request, s *sse) func(from, to int64, 
 		if !final {
 			return
 		}
-		finish := c.finishReason()
+		finish := j.finishReason()
 		send("", &finish)
-		if c.includeUsage {
-			resp.Choices, resp.Usage = []openAIChoice{}, a.usage(c, req)
-			s.send(resp)
-		}
+	}
+}
+
+// streamEnd sends the usage chunk when the client asked for it.
+func (a openAIAPI) streamEnd(c *call, reqs []*request, s *sse) {
+	if c.includeUsage {
+		resp := a.envelope(c, reqs[0], true)
+		resp.Choices, resp.Usage = []openAIChoice{}, a.usage(c, reqs[0])
+		s.send(resp)
 	}
 }
 
