@@ -48,6 +48,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	seeds := fs.String("seeds", "1,2,3,4,5", "workload seeds, comma list; every policy runs every seed")
 	rates := fs.String("rates", "", "mean arrival rates, requests/s (Poisson), comma list (default: quality 8,24; replicas 24; affinity 4,8)")
 	fs.IntVar(&q.requests, "requests", 2000, "requests per policy and seed (affinity: at most this many of each workload)")
+	fs.Float64Var(&q.samplesShare, "samples-share", 0, "quality: this share of the requests ask for -samples answers each (n); 0: none")
+	fs.IntVar(&q.samples, "samples", 4, "quality: answers asked for (n) by the -samples-share of requests")
 	fs.IntVar(&q.fleetPorts, "fleet-ports", 20000, "quality, replicas, affinity: the simulated workers listen on fixed loopback ports from this one on (a block per seed and arm, below the ephemeral range), so a rerun draws the same homes for the same prefixes; 0: any free ports")
 	fs.IntVar(&q.parallel, "parallel", 0, "seeds run at once; 0: quality and replicas up to 3, as many as keep the offered load (rate × policies × seeds) near 11 × 24 requests/s, affinity 1 (the policies of a seed always run at once)")
 	fs.StringVar(&q.only, "policies", "", "comma list of policy names to run (default: all of the mode)")
@@ -103,6 +105,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if q.requests < 1 {
 		return fmt.Errorf("-requests %d: must be at least 1", q.requests)
+	}
+	if q.samplesShare < 0 || q.samplesShare > 1 {
+		return fmt.Errorf("-samples-share %g: want a share in [0, 1]", q.samplesShare)
+	}
+	if q.samples < 1 || q.samples > 128 {
+		return fmt.Errorf("-samples %d: want 1 to 128, as the simulator takes", q.samples)
 	}
 	ns, err := parseInts("instances", *instances)
 	if err != nil {

@@ -22,6 +22,9 @@ type qualityOptions struct {
 	parallel         int   // seeds run at once; 0: as many as keep the offered load near parallelLoad
 	fleetPorts       int   // the first port of the fixed plan (fleetPorts); 0: any free ports
 	instances        []int // replicas, affinity: instance counts to compare
+	// samplesShare of the quality workload's requests ask for samples answers each (n).
+	samplesShare float64
+	samples      int
 }
 
 // parallelLoad is the offered load, in requests/s summed over every arm, that the machine carries at about
@@ -362,7 +365,9 @@ func runQuality(ctx context.Context, o qualityOptions, stdout, stderr io.Writer)
 	for _, rate := range o.rates {
 		cpu0 := markCPU()
 		res, err := runSeeds(ctx, o.caddy, singleInstance(ps), o.seedsAtOnce(rate, len(ps)), o.fleetPorts, o.seeds,
-			func(seed int64) []job { return qualityWorkload(seed, rate, o.requests) }, stderr, fmt.Sprintf("%g/s", rate))
+			func(seed int64) []job {
+				return withSamples(qualityWorkload(seed, rate, o.requests), seed, o.samplesShare, o.samples)
+			}, stderr, fmt.Sprintf("%g/s", rate))
 		if err != nil {
 			return err
 		}

@@ -117,14 +117,22 @@ const spreadLegend = "Every figure is the median over seeds with its range (min.
 	"seed against the baseline of the same seed (both saw the same requests at the same moments); **better** / " +
 	"**worse**: the whole range is on that side of 1, so the difference holds on every seed; ~: the range includes 1.\n\n"
 
+// samplesLine says what share of the workload asks for several answers, if any.
+func samplesLine(o qualityOptions) string {
+	if o.samplesShare <= 0 || o.samples <= 1 {
+		return ""
+	}
+	return fmt.Sprintf("%.0f%% ask for %d answers (n); ", o.samplesShare*100, o.samples)
+}
+
 func qualityMarkdown(o qualityOptions, runs []qualityRun, total cpuUse) string {
 	var b strings.Builder
 	header(&b, "Routing quality")
 	fmt.Fprintf(&b, "Workload: %d requests per policy and seed, Poisson arrivals; %.0f%% short (prompt %d, max_tokens %d), "+
-		"%.0f%% long (prompt %d, max_tokens %d); %.0f%% streamed; each prompt unique from its first token. Seeds %v. %s "+
+		"%.0f%% long (prompt %d, max_tokens %d); %.0f%% streamed; %seach prompt unique from its first token. Seeds %v. %s "+
 		"All policies of a seed run at once, each with its own Caddy and its own workers, sent the same requests at the same moments.\n\n",
 		o.requests, (1-longShare)*100, shortPrompt, shortOutput, longShare*100, longPrompt, longOutput, streamShare*100,
-		o.seeds, fleetLine(o.fleetPorts))
+		samplesLine(o), o.seeds, fleetLine(o.fleetPorts))
 	fmt.Fprintf(&b, "CPU, whole run: %s.\n\n", total)
 	b.WriteString(spreadLegend)
 	for _, run := range runs {

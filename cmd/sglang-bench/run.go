@@ -181,6 +181,7 @@ type chatBody struct {
 	Model         string         `json:"model"`
 	Messages      []message      `json:"messages"`
 	MaxTokens     int            `json:"max_tokens"`
+	N             int            `json:"n,omitempty"`
 	Stream        bool           `json:"stream"`
 	StreamOptions *streamOptions `json:"stream_options,omitempty"`
 }
@@ -218,7 +219,7 @@ func (s *sample) setUsage(u *usageJSON) {
 // send runs one request through the arm and measures it; with wantText it also returns the answer's text.
 func (a *arm) send(ctx context.Context, j job, msgs []message, wantText bool) (sample, string) {
 	s := sample{job: j.index, long: j.long, stream: j.stream, worker: -1}
-	body := chatBody{Model: "bench", Messages: msgs, MaxTokens: j.maxTokens, Stream: j.stream}
+	body := chatBody{Model: "bench", Messages: msgs, MaxTokens: j.maxTokens, N: j.samples, Stream: j.stream}
 	if j.stream {
 		body.StreamOptions = &streamOptions{IncludeUsage: true}
 	}

@@ -36,6 +36,7 @@ type job struct {
 	group        int       // shared-prefix group or session; -1 when none
 	turn         int       // session turn, from 0
 	session      string    // the session header's value (sessionHeader); empty outside sessions
+	samples      int       // answers asked for (n); 0 or 1 for one
 }
 
 // words of exactly bytesPerToken bytes, so text of n words is n tokens in the simulator's measure.
@@ -76,6 +77,21 @@ func qualityWorkload(seed int64, rate float64, n int) []job {
 		content := n + text(rnd, prompt-len(n)/bytesPerToken)
 		jobs = append(jobs, job{index: i, at: at, long: long, stream: stream, maxTokens: out,
 			messages: []message{{"user", content}}, pick: rnd.Float64(), group: -1})
+	}
+	return jobs
+}
+
+// withSamples makes a seeded share of jobs ask for n answers each. Its own random stream, so the jobs
+// are otherwise those of the workload without it.
+func withSamples(jobs []job, seed int64, share float64, n int) []job {
+	if share <= 0 || n <= 1 {
+		return jobs
+	}
+	rnd := rand.New(rand.NewPCG(uint64(seed), 0x5a3b1e5))
+	for i := range jobs {
+		if rnd.Float64() < share {
+			jobs[i].samples = n
+		}
 	}
 	return jobs
 }

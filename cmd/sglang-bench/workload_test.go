@@ -246,3 +246,30 @@ func TestAffinityWorkloadsQuestions(t *testing.T) {
 		}
 	}
 }
+
+// A share of the quality workload asks for several answers; the jobs are otherwise the same.
+func TestWithSamples(t *testing.T) {
+	plain := qualityWorkload(3, 24, 2000)
+	jobs := withSamples(qualityWorkload(3, 24, 2000), 3, 0.1, 4)
+	again := withSamples(qualityWorkload(3, 24, 2000), 3, 0.1, 4)
+	asked := 0
+	for i, j := range jobs {
+		if j.samples != again[i].samples {
+			t.Fatalf("job %d: %d answers, then %d: not seeded", i, j.samples, again[i].samples)
+		}
+		switch j.samples {
+		case 4:
+			asked++
+		case 0:
+		default:
+			t.Fatalf("job %d asks for %d answers", i, j.samples)
+		}
+		j.samples = 0
+		if fmt.Sprint(j) != fmt.Sprint(plain[i]) {
+			t.Fatalf("job %d changed beyond its answers", i)
+		}
+	}
+	if asked < 150 || asked > 250 {
+		t.Errorf("%d of 2000 jobs ask for 4 answers, want about 200", asked)
+	}
+}
