@@ -47,9 +47,6 @@ type Request struct {
 	// MaxTokens is max_tokens (else max_completion_tokens) for OpenAI bodies and
 	// sampling_params.max_new_tokens for /generate; 0 when absent, negative or not an integer.
 	MaxTokens int64
-	// Samples is how many answers the request asks for: n for OpenAI bodies, sampling_params.n for
-	// /generate; 0 when absent, not positive or not an integer.
-	Samples int64
 	// Stream is the body's "stream": true.
 	Stream bool
 	// DeclaredPromptTokens is a top-level integer "prompt_tokens", which the simulator takes as the exact
@@ -109,7 +106,6 @@ func Parse(path string, head []byte, complete bool, contentLength int64, dst *Re
 		dst.MaxTokens = p.maxCompletion
 	}
 	dst.MaxTokens = max(0, dst.MaxTokens)
-	dst.Samples = max(0, p.samples)
 	if p.prompt != promptNone {
 		rest := int64(0)
 		if p.cutInPrompt && contentLength > int64(len(head)) {
@@ -160,7 +156,6 @@ type parser struct {
 	stream                           bool
 	declared                         int64
 	maxTokens, maxCompletion, maxNew int64
-	samples                          int64
 	hasMax                           bool
 	msgRole, msgContent              int      // positions in a message object, -1 when not seen
 	msgOpened                        bool     // the message's role and separator are keyed
@@ -365,8 +360,6 @@ func (p *parser) topField(key []byte) bool {
 			return p.integer(&p.maxTokens, &p.hasMax)
 		case "max_completion_tokens":
 			return p.integer(&p.maxCompletion, nil)
-		case "n":
-			return p.integer(&p.samples, nil)
 		}
 	case ShapeCompletion:
 		switch string(key) {
@@ -374,8 +367,6 @@ func (p *parser) topField(key []byte) bool {
 			return p.promptValue(p.completionPrompt)
 		case "max_tokens":
 			return p.integer(&p.maxTokens, &p.hasMax)
-		case "n":
-			return p.integer(&p.samples, nil)
 		}
 	case ShapeGenerate:
 		switch string(key) {
@@ -398,11 +389,8 @@ func (p *parser) topField(key []byte) bool {
 }
 
 func (p *parser) samplingField(key []byte) bool {
-	switch string(key) {
-	case "max_new_tokens":
+	if string(key) == "max_new_tokens" {
 		return p.integer(&p.maxNew, nil)
-	case "n":
-		return p.integer(&p.samples, nil)
 	}
 	return p.skipValue()
 }

@@ -74,8 +74,8 @@ func TestParseShapes(t *testing.T) {
 		{
 			name: "chat, string contents",
 			path: "/v1/chat/completions",
-			body: fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%s},{"role":"user","content":%s}],"max_tokens":256,"n":8,"stream":true}`, sysJSON, userJSON),
-			want: Request{Shape: ShapeChat, PromptTokens: tokens(len(system) + len(user)), MaxTokens: 256, Samples: 8, Stream: true, Blocks: chatKey},
+			body: fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%s},{"role":"user","content":%s}],"max_tokens":256,"stream":true}`, sysJSON, userJSON),
+			want: Request{Shape: ShapeChat, PromptTokens: tokens(len(system) + len(user)), MaxTokens: 256, Stream: true, Blocks: chatKey},
 		},
 		{
 			name: "chat, content before role, unknown fields everywhere",
@@ -133,8 +133,8 @@ func TestParseShapes(t *testing.T) {
 		{
 			name: "completions, string",
 			path: "/v1/completions",
-			body: fmt.Sprintf(`{"model":"m","prompt":%s,"max_tokens":12,"n":3}`, sysJSON),
-			want: Request{Shape: ShapeCompletion, PromptTokens: tokens(len(system)), MaxTokens: 12, Samples: 3, Blocks: refKey(seedText, []byte(system), MaxBlocks)},
+			body: fmt.Sprintf(`{"model":"m","prompt":%s,"max_tokens":12}`, sysJSON),
+			want: Request{Shape: ShapeCompletion, PromptTokens: tokens(len(system)), MaxTokens: 12, Blocks: refKey(seedText, []byte(system), MaxBlocks)},
 		},
 		{
 			name: "completions, list of one string",
@@ -157,8 +157,8 @@ func TestParseShapes(t *testing.T) {
 		{
 			name: "generate, input_ids",
 			path: "/generate",
-			body: `{"input_ids":` + idsJSON + `,"sampling_params":{"n":4,"max_new_tokens":8}}`,
-			want: Request{Shape: ShapeGenerate, PromptTokens: 40, MaxTokens: 8, Samples: 4, Blocks: refKey(seedIDs, idsStream(idsVals...), MaxBlocks)},
+			body: `{"input_ids":` + idsJSON + `,"sampling_params":{"max_new_tokens":8}}`,
+			want: Request{Shape: ShapeGenerate, PromptTokens: 40, MaxTokens: 8, Blocks: refKey(seedIDs, idsStream(idsVals...), MaxBlocks)},
 		},
 		{
 			name: "generate, text wins over earlier input_ids",
@@ -173,15 +173,15 @@ func TestParseShapes(t *testing.T) {
 			want: Request{Shape: ShapeGenerate, PromptTokens: tokens(len(system)), Blocks: refKey(seedText, []byte(system), MaxBlocks)},
 		},
 		{
-			name: "generate, max_tokens and n are not its fields",
+			name: "generate, max_tokens is not its field",
 			path: "/generate",
-			body: `{"text":"hello","max_tokens":9,"n":2}`,
+			body: `{"text":"hello","max_tokens":9}`,
 			want: Request{Shape: ShapeGenerate, PromptTokens: 2, Blocks: []uint64{}},
 		},
 		{
 			name: "negative and fractional sizes read as absent",
 			path: "/v1/chat/completions",
-			body: `{"messages":[],"max_tokens":-4,"prompt_tokens":1.5,"n":-2}`,
+			body: `{"messages":[],"max_tokens":-4,"prompt_tokens":1.5}`,
 			want: Request{Shape: ShapeChat, PromptTokens: 1, Blocks: []uint64{}},
 		},
 		{name: "unknown path", path: "/v1/embeddings", body: `{"input":"x"}`, want: Request{Blocks: []uint64{}}},
@@ -201,11 +201,11 @@ func TestParseShapes(t *testing.T) {
 
 func assertRequest(t *testing.T, got, want Request) {
 	t.Helper()
-	if got.Shape != want.Shape || got.PromptTokens != want.PromptTokens || got.MaxTokens != want.MaxTokens || got.Samples != want.Samples ||
+	if got.Shape != want.Shape || got.PromptTokens != want.PromptTokens || got.MaxTokens != want.MaxTokens ||
 		got.Stream != want.Stream || got.DeclaredPromptTokens != want.DeclaredPromptTokens || got.Continues != want.Continues {
-		t.Errorf("got shape %d prompt %d max %d samples %d stream %t declared %d continues %t, want %d %d %d %d %t %d %t",
-			got.Shape, got.PromptTokens, got.MaxTokens, got.Samples, got.Stream, got.DeclaredPromptTokens, got.Continues,
-			want.Shape, want.PromptTokens, want.MaxTokens, want.Samples, want.Stream, want.DeclaredPromptTokens, want.Continues)
+		t.Errorf("got shape %d prompt %d max %d stream %t declared %d continues %t, want %d %d %d %t %d %t",
+			got.Shape, got.PromptTokens, got.MaxTokens, got.Stream, got.DeclaredPromptTokens, got.Continues,
+			want.Shape, want.PromptTokens, want.MaxTokens, want.Stream, want.DeclaredPromptTokens, want.Continues)
 	}
 	if fmt.Sprint(got.Blocks) != fmt.Sprint(want.Blocks) {
 		t.Errorf("blocks\n got %x\nwant %x", got.Blocks, want.Blocks)

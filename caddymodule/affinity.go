@@ -73,7 +73,6 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 		if st.body.MaxTokens > 0 {
 			st.size.OutputTokens = st.body.MaxTokens
 		}
-		st.size.Samples = st.body.Samples
 		st.size = st.size.Bounded()
 	}
 	switch p.Affinity {

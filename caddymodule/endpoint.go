@@ -176,8 +176,6 @@ type endpoint struct {
 	// with them, so the requests sent since are the difference. sentUncachedSq sums the squares of
 	// their uncached prompt tokens, for the policies' mean sizes (requestSizes).
 	sentRequests, sentPrompt, sentOutput, sentWeighted, sentUncached, sentUncachedSq atomic.Int64
-	// sentExtraSamples counts the samples past each request's first (loadpolicy.SentTotals).
-	sentExtraSamples atomic.Int64
 
 	// poke asks the monitor for a poll within a tenth of the interval (monitor.Target.Poke).
 	poke chan struct{}
@@ -241,8 +239,7 @@ func (ep *endpoint) affinityCounts() (blocks, homeKeys int64, ok bool) {
 
 // sentTotals sets t to the running totals of the requests sent here; in place, as SetSince.
 func (ep *endpoint) sentTotals(t *loadpolicy.SentTotals) {
-	t.Requests, t.ExtraSamples = ep.sentRequests.Load(), ep.sentExtraSamples.Load()
-	t.PromptTokens, t.OutputTokens = ep.sentPrompt.Load(), ep.sentOutput.Load()
+	t.Requests, t.PromptTokens, t.OutputTokens = ep.sentRequests.Load(), ep.sentPrompt.Load(), ep.sentOutput.Load()
 	t.Weighted, t.Uncached = ep.sentWeighted.Load(), ep.sentUncached.Load()
 }
 
@@ -255,9 +252,6 @@ func (ep *endpoint) placed(req loadpolicy.Request, cached int64) (held bool) {
 	var d loadpolicy.SentTotals
 	d.Add(req, cached)
 	ep.sentRequests.Add(d.Requests)
-	if d.ExtraSamples > 0 {
-		ep.sentExtraSamples.Add(d.ExtraSamples)
-	}
 	ep.sentPrompt.Add(d.PromptTokens)
 	ep.sentOutput.Add(d.OutputTokens)
 	ep.sentWeighted.Add(d.Weighted)

@@ -7,9 +7,8 @@ import (
 	"sync/atomic"
 )
 
-// requestSizes are the mean sizes of recent requests that the cost model reads: their output tokens
-// per sequence (a request of n samples is n), and their uncached prompt tokens with the mean of their
-// squares (its prefill queueing term). They are
+// requestSizes are the mean sizes of recent requests that the cost model reads: their output tokens,
+// and their uncached prompt tokens with the mean of their squares (its prefill queueing term). They are
 // gathered from each upstream's totals of what was sent there, at most every sizesEvery. Folded request
 // by request into means of the policy's own, they were three compare-and-swaps on lines that every
 // core's Select wrote: with two cores selecting at once, half of a Select's time.
@@ -24,8 +23,8 @@ type requestSizes struct {
 
 // sentSum is what the means read of an endpoint's totals, and the gathering that read them.
 type sentSum struct {
-	requests, extraSamples, output, uncached, uncachedSq int64
-	round                                                uint64
+	requests, output, uncached, uncachedSq int64
+	round                                  uint64
 }
 
 // sizesEvery is how often the means are gathered, in milliseconds: a tenth of a second of requests
@@ -56,10 +55,9 @@ func (s *requestSizes) gather(now int64, eps map[string]*endpoint) {
 		if prev.round == s.round {
 			continue // an endpoint that two upstreams share, counted once
 		}
-		cur := sentSum{ep.sentRequests.Load(), ep.sentExtraSamples.Load(), ep.sentOutput.Load(), ep.sentUncached.Load(), ep.sentUncachedSq.Load(), s.round}
+		cur := sentSum{ep.sentRequests.Load(), ep.sentOutput.Load(), ep.sentUncached.Load(), ep.sentUncachedSq.Load(), s.round}
 		if cur.requests >= prev.requests {
 			sum.requests += cur.requests - prev.requests
-			sum.extraSamples += cur.extraSamples - prev.extraSamples
 			sum.output += cur.output - prev.output
 			sum.uncached += cur.uncached - prev.uncached
 			sum.uncachedSq += cur.uncachedSq - prev.uncachedSq
@@ -73,7 +71,7 @@ func (s *requestSizes) gather(now int64, eps map[string]*endpoint) {
 	n := float64(sum.requests)
 	kept := math.Pow(1-meanWeight, n) // what n requests folded one by one leave of the mean before
 	fold := func(a *atomicFloat, mean float64) { a.Store(mean + kept*(a.Load()-mean)) }
-	fold(&s.out, float64(sum.output)/float64(sum.requests+sum.extraSamples))
+	fold(&s.out, float64(sum.output)/n)
 	fold(&s.prompt, float64(sum.uncached)/n)
 	fold(&s.promptSq, float64(sum.uncachedSq)/n)
 }

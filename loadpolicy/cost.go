@@ -17,14 +17,7 @@ type Request struct {
 	PromptTokens int64
 	// OutputTokens is the most the answer may be: max_tokens, or the configured default.
 	OutputTokens int64
-	// Samples is how many answers the request asks for (OpenAI's n, SGLang's sampling_params.n): the
-	// worker prefills the prompt once and decodes that many sequences side by side, each up to
-	// OutputTokens. 0 counts as 1.
-	Samples int64
 }
-
-// samples is req.Samples, at least 1.
-func (req Request) samples() int64 { return max(req.Samples, 1) }
 
 // CostParams are the stand-ins for what a worker does not report, and what the proxy knows of the
 // fleet's requests.
@@ -62,11 +55,10 @@ type CostParams struct {
 type Since struct {
 	// Elapsed is the time since the report; not positive counts as none.
 	Elapsed time.Duration
-	// Extra is the change in sequences on the worker since the report that the proxy's in-flight count
-	// gives: sequences sent since minus sequences finished since. It may be negative.
+	// Extra is the change of the proxy's in-flight count to the worker since the report: requests
+	// sent since minus requests finished since. It may be negative.
 	Extra int64
-	// Sent counts the sequences the proxy sent to the worker since the report (a request of n samples
-	// is n, as the worker counts them), and their sizes.
+	// Sent counts the requests the proxy sent to the worker since the report, and their sizes.
 	Sent, SentPrompt, SentOutput int64
 	// SentWeighted is the sum over those requests of output x (prompt + output): their KV tokens
 	// weighted by how long they stay, since the requests still running are mostly the long ones.
@@ -76,32 +68,21 @@ type Since struct {
 }
 
 // SentTotals are running totals of the requests sent to a worker; a report is stamped with them when
-// it arrives, so that the requests sent since are the difference. ExtraSamples counts the samples
-// past each request's first: the sequences sent are Requests + ExtraSamples. Counted apart so that
-// requests of one sample, nearly all of them, add to one counter fewer.
+// it arrives, so that the requests sent since are the difference.
 type SentTotals struct {
-	Requests, ExtraSamples, PromptTokens, OutputTokens, Weighted, Uncached int64
+	Requests, PromptTokens, OutputTokens, Weighted, Uncached int64
 }
 
-// SetSince sets s to what happened after a report stamped with o, when the totals are t; extra is the
-// change of the proxy's in-flight count (requests) since. In place, field by field: the hot path
-// prices every candidate with it, and a struct returned and copied was copied in 16-byte moves over
-// 8-byte stores, which the CPU cannot forward: 16 ns of a candidate's price.
+// SetSince sets s to what happened after a report stamped with o, when the totals are t. In place,
+// field by field: the hot path prices every candidate with it, and a struct returned and copied was
+// copied in 16-byte moves over 8-byte stores, which the CPU cannot forward: 16 ns of a candidate's price.
 func (t *SentTotals) SetSince(s *Since, o *SentTotals, elapsed time.Duration, extra int64) {
 	s.Elapsed, s.Extra = elapsed, extra
-	sentRequests := int64(0)
 	if t.Requests >= o.Requests { // else o was stamped by totals that started again (another config's)
-		sentRequests = t.Requests - o.Requests
-		s.Sent, s.SentPrompt, s.SentOutput = sentRequests+t.ExtraSamples-o.ExtraSamples, t.PromptTokens-o.PromptTokens, t.OutputTokens-o.OutputTokens
+		s.Sent, s.SentPrompt, s.SentOutput = t.Requests-o.Requests, t.PromptTokens-o.PromptTokens, t.OutputTokens-o.OutputTokens
 		s.SentWeighted, s.SentUncached = t.Weighted-o.Weighted, t.Uncached-o.Uncached
 	} else {
 		s.Sent, s.SentPrompt, s.SentOutput, s.SentWeighted, s.SentUncached = 0, 0, 0, 0, 0
-	}
-	if t.ExtraSamples > 0 && t.Requests > 0 {
-		// The worker counts sequences, the proxy requests. Those sent since are known; those finished
-		// since (sent less extra) are taken to have had the mean samples of every request sent.
-		perRequest := float64(t.Requests+t.ExtraSamples) / float64(t.Requests)
-		s.Extra = s.Sent - int64(math.Round(float64(sentRequests-extra)*perRequest))
 	}
 }
 
@@ -130,8 +111,6 @@ const MaxRequestTokens = 1 << 24
 func (req Request) Bounded() Request {
 	req.PromptTokens = min(max(req.PromptTokens, 0), MaxRequestTokens)
 	req.OutputTokens = min(max(req.OutputTokens, 0), MaxRequestTokens)
-	// And the output of all its samples together, so that the sums keep the same room.
-	req.Samples = min(max(req.Samples, 0), MaxRequestTokens/max(req.OutputTokens, 1))
 	return req
 }
 
@@ -147,15 +126,12 @@ func (r *Report) Held(req Request) (Request, bool) {
 	return req, true
 }
 
-// Add counts one more request sent, cached of whose prompt tokens were cached where it went. Its
-// samples share the prompt: each of its sequences holds a share of the prompt and its own output.
+// Add counts one more request sent, cached of whose prompt tokens were cached where it went.
 func (t *SentTotals) Add(req Request, cached int64) {
-	k := req.samples()
 	t.Requests++
-	t.ExtraSamples += k - 1
 	t.PromptTokens += req.PromptTokens
-	t.OutputTokens += k * req.OutputTokens
-	t.Weighted += req.OutputTokens * (req.PromptTokens + k*req.OutputTokens)
+	t.OutputTokens += req.OutputTokens
+	t.Weighted += req.OutputTokens * (req.PromptTokens + req.OutputTokens)
 	t.Uncached += max(req.PromptTokens-max(cached, 0), 0)
 }
 
@@ -418,8 +394,7 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 	meanOut := atLeast(p.MeanOutputTokens, 1)
 	prompt := float64(max(req.PromptTokens, 0))
 	out := float64(max(req.OutputTokens, 1))
-	samples := req.samples()
-	if !w.holds(prompt, out) { // each sample runs as a request of the prompt and its output
+	if !w.holds(prompt, out) {
 		return math.Inf(1) // refused there, or its answer cut short: any worker that holds it goes first
 	}
 
@@ -461,9 +436,8 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 	// weights once for the whole batch and each request's KV, so per-request speed falls slowly with the
 	// batch, halving at DecodeBatchHalving more requests. A measured throughput gives the speed at the
 	// measured batch; the model carries it to the batch this request joins. slowdown is the factor by
-	// which a request's speed in that batch is below its speed alone. A request's samples join it side
-	// by side, and it is done when they are.
-	batch := present + samples
+	// which a request's speed in that batch is below its speed alone.
+	batch := present + 1
 	if w.maxBatch > 0 {
 		batch = min(batch, w.maxBatch)
 	}
@@ -474,7 +448,7 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 	decode := out * secondsPerToken
 	// Each token this request decodes makes the batch's step longer by invHalving/alone seconds for
 	// every other request in it.
-	decode += p.DelayToOthers * float64(max(batch-samples, 0)) * float64(samples) * out * invHalving / alone
+	decode += p.DelayToOthers * float64(batch-1) * out * invHalving / alone
 
 	// Admission: a full KV pool or batch admits the request only as running ones finish. A finishing
 	// request frees its tokens after meanOut output tokens; the batch produces batch/secondsPerToken
@@ -482,8 +456,8 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 	var wait float64
 	finishEvery := meanOut * secondsPerToken / float64(batch)
 	if w.capacity > 0 {
-		if over := tokens + prompt + float64(samples)*out - float64(w.capacity); over > 0 {
-			perPresent := prompt/float64(samples) + out
+		if over := tokens + prompt + out - float64(w.capacity); over > 0 {
+			perPresent := prompt + out
 			if present > 0 {
 				perPresent = tokens / float64(present)
 			}
@@ -491,7 +465,7 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 		}
 	}
 	if w.maxBatch > 0 {
-		if over := present + samples - w.maxBatch; over > 0 {
+		if over := present + 1 - w.maxBatch; over > 0 {
 			wait = max(wait, float64(over)*finishEvery)
 		}
 	}
@@ -529,9 +503,7 @@ func (r *Report) AloneCost(req Request, p *CostParams) float64 {
 	}
 	prompt := float64(max(req.PromptTokens, 0)) * float64(max(w.ranks, 1))
 	out := float64(max(req.OutputTokens, 1))
-	// Its samples decode as a batch of their own.
-	slowdown := 1 + float64(req.samples()-1)/atLeast(p.DecodeBatchHalving, 1)
-	return prompt/w.prefillSpeed(p) + out*slowdown/w.aloneSpeed(p)
+	return prompt/w.prefillSpeed(p) + out/w.aloneSpeed(p)
 }
 
 // aloneSpeed is the decode speed of one request in a batch of its own, tokens/s. The readings were

@@ -49,23 +49,23 @@ func TestCost(t *testing.T) {
 		{
 			// Nothing measured: prefill 800/8000 = 0.1, decode 100/50 = 2.
 			name: "idle worker, defaults", ranks: []Rank{worker(0, 0, 0, 0, 10000, 8, 0)},
-			req: Request{PromptTokens: 800, OutputTokens: 100}, want: 2.1,
+			req: Request{800, 100}, want: 2.1,
 		},
 		{
 			// 600 of 800 prompt tokens cached: prefill 200/8000 = 0.025, decode 2.
 			name: "cached prefix", ranks: []Rank{worker(0, 0, 0, 0, 10000, 8, 0)},
-			req: Request{PromptTokens: 800, OutputTokens: 100}, cached: 600, want: 2.025,
+			req: Request{800, 100}, cached: 600, want: 2.025,
 		},
 		{
 			// Batch 4+1 = 5; prefill 400/8000 = 0.05.
-			name: "busy worker", ranks: []Rank{busy}, req: Request{PromptTokens: 400, OutputTokens: 100}, want: 100/perRequest(busyAlone, 5) + 0.05,
+			name: "busy worker", ranks: []Rank{busy}, req: Request{400, 100}, want: 100/perRequest(busyAlone, 5) + 0.05,
 		},
 		{
 			// 4 running + 2 queued hold 9000 + 1000 tokens, the queued ones 2 x 100 output to come:
 			// 10200 tokens, 1700 a request. Adding 500 is 700 over the 10000 pool: 700 x 100/1700 tokens of
 			// output at the batch-7 throughput. Prefill (1000 queued + 400)/8000 = 0.175.
 			name: "full pool", ranks: []Rank{worker(4, 2, 1000, 9000, 10000, 8, 200)},
-			req:  Request{PromptTokens: 400, OutputTokens: 100},
+			req:  Request{400, 100},
 			want: 700.0*100/1700/(7*perRequest(busyAlone, 7)) + 0.175 + 100/perRequest(busyAlone, 7),
 		},
 		{
@@ -73,19 +73,19 @@ func TestCost(t *testing.T) {
 			// tokens at perRequest(alone, 8); one must finish first, 100 tokens at 8 times that speed;
 			// prefill 0.05.
 			name: "full batch", ranks: []Rank{worker(8, 0, 0, 800, 100000, 8, 400)},
-			req: Request{PromptTokens: 400, OutputTokens: 100}, want: 100/perRequest(50*(1+7.0/16), 8)*(1+1.0/8) + 0.05,
+			req: Request{400, 100}, want: 100/perRequest(50*(1+7.0/16), 8)*(1+1.0/8) + 0.05,
 		},
 		{
 			// Two requests sent since (800 prompt, 200 output tokens), none finished, 1 s ago: 6 present,
 			// batch 7; the 800 queued prompt tokens were prefilled in that second: prefill 0.05.
-			name: "sent since, projected", ranks: []Rank{busy}, req: Request{PromptTokens: 400, OutputTokens: 100},
+			name: "sent since, projected", ranks: []Rank{busy}, req: Request{400, 100},
 			since: Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800},
 			want:  100/perRequest(busyAlone, 7) + 0.05,
 		},
 		{
 			// The same two sent but the count fell by 1: 3 finished, the oldest first, so 1 of the 4
 			// reported and both new ones remain: batch 4; prefill 0.05.
-			name: "finished since", ranks: []Rank{busy}, req: Request{PromptTokens: 400, OutputTokens: 100},
+			name: "finished since", ranks: []Rank{busy}, req: Request{400, 100},
 			since: Since{Elapsed: time.Second, Extra: -1, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800},
 			want:  100/perRequest(busyAlone, 4) + 0.05,
 		},
@@ -96,19 +96,19 @@ func TestCost(t *testing.T) {
 			// 2 of them capped at the 3330 sent. Adding 500 is 330 over the pool of 3500; 3330/2 tokens a
 			// request; batch 3; the 2300 prompt tokens were prefilled in the second since.
 			name: "finished since, the long ones left", ranks: []Rank{worker(4, 0, 0, 1000, 3500, 8, 200)},
-			req:   Request{PromptTokens: 400, OutputTokens: 100},
+			req:   Request{400, 100},
 			since: Since{Elapsed: time.Second, Extra: -2, Sent: 4, SentPrompt: 2300, SentOutput: 1030, SentWeighted: 3003300},
 			want:  330.0/1665*(100/perRequest(busyAlone, 3)/3) + 100/perRequest(busyAlone, 3) + 0.05,
 		},
 		{
 			// Just sent, not yet prefilled: 800 tokens ahead, (800 + 400)/8000 = 0.15; batch 7.
-			name: "sent since, queued", ranks: []Rank{busy}, req: Request{PromptTokens: 400, OutputTokens: 100},
+			name: "sent since, queued", ranks: []Rank{busy}, req: Request{400, 100},
 			since: Since{Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800}, want: 100/perRequest(busyAlone, 7) + 0.15,
 		},
 		{
 			// A report stamped after the choice's clock reading: nothing drained since, so it prices as
 			// one received now (the row above), not 10 ms of prefill (80 tokens) more.
-			name: "report newer than the clock", ranks: []Rank{busy}, req: Request{PromptTokens: 400, OutputTokens: 100},
+			name: "report newer than the clock", ranks: []Rank{busy}, req: Request{400, 100},
 			since: Since{Elapsed: -10 * time.Millisecond, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800},
 			want:  100/perRequest(busyAlone, 7) + 0.15,
 		},
@@ -118,7 +118,7 @@ func TestCost(t *testing.T) {
 			name:  "measured prefill, carried decode",
 			prev:  []Rank{withCounters(worker(2, 0, 0, 1000, 10000, 8, 100), 1000, 1_000_000)},
 			ranks: []Rank{withCounters(worker(0, 0, 0, 0, 10000, 8, 0), 5000, 2_000_000)},
-			req:   Request{PromptTokens: 400, OutputTokens: 100}, want: 100/(50*(1+1.0/16)) + 0.1,
+			req:   Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.1,
 		},
 		{
 			// 4000 tokens in 0.5 s of prefill busy over the 1 s between the reports: 8000 tok/s, busy half
@@ -127,7 +127,7 @@ func TestCost(t *testing.T) {
 			prev:  []Rank{withCounters(worker(2, 0, 0, 1000, 10000, 8, 100), 1000, 1_000_000)},
 			ranks: []Rank{withCounters(worker(0, 0, 0, 0, 10000, 8, 0), 5000, 1_500_000)},
 			gap:   time.Second, residual: 800,
-			req: Request{PromptTokens: 400, OutputTokens: 100}, want: 100/(50*(1+1.0/16)) + 0.05 + 0.1,
+			req: Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.05 + 0.1,
 		},
 		{
 			// Busy the whole second at 4000 tok/s: the busy fraction counts as 0.95, a wait of 19 residual
@@ -136,7 +136,7 @@ func TestCost(t *testing.T) {
 			prev:  []Rank{withCounters(worker(2, 0, 0, 1000, 10000, 8, 100), 1000, 1_000_000)},
 			ranks: []Rank{withCounters(worker(0, 0, 0, 0, 10000, 8, 0), 5000, 2_000_000)},
 			gap:   time.Second, residual: 800,
-			req: Request{PromptTokens: 400, OutputTokens: 100}, want: 100/(50*(1+1.0/16)) + 0.1 + 3.8,
+			req: Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.1 + 3.8,
 		},
 		{
 			// The previous report, 30 s before, read 400 tok/s at batch 2; this one reads 50 at batch 4
@@ -147,55 +147,30 @@ func TestCost(t *testing.T) {
 			name:  "decode readings summed with the previous report's",
 			prev:  []Rank{worker(2, 0, 0, 1000, 10000, 8, 400)},
 			ranks: []Rank{worker(4, 0, 0, 1000, 10000, 8, 50)}, gap: 30 * time.Second,
-			req: Request{PromptTokens: 400, OutputTokens: 100},
+			req: Request{400, 100},
 			want: 100/perRequest((50+400*math.Sqrt(0.5))/(4/(1+3.0/32)+2/(1+1.0/32)*math.Sqrt(0.5))*
 				(1+(meanBatch-1)/16)/(1+(meanBatch-1)/32), 5) + 0.05,
 		},
 		{
 			// As "busy worker", and each of the 100 tokens slows the 4 others by 1/16 of a token at
 			// the speed alone: 4 x 100 x (1/16) / busyAlone more.
-			name: "delay to others", ranks: []Rank{busy}, req: Request{PromptTokens: 400, OutputTokens: 100}, others: 1,
+			name: "delay to others", ranks: []Rank{busy}, req: Request{400, 100}, others: 1,
 			want: 100/perRequest(busyAlone, 5) + 0.05 + 4*100.0/16/busyAlone,
 		},
 		{
 			// Half of it counts.
-			name: "half the delay to others", ranks: []Rank{busy}, req: Request{PromptTokens: 400, OutputTokens: 100}, others: 0.5,
+			name: "half the delay to others", ranks: []Rank{busy}, req: Request{400, 100}, others: 0.5,
 			want: 100/perRequest(busyAlone, 5) + 0.05 + 0.5*4*100.0/16/busyAlone,
 		},
 		{
 			// Alone in its batch, it delays no one: 2.1 as with the defaults.
 			name: "delay to others, idle worker", ranks: []Rank{worker(0, 0, 0, 0, 10000, 8, 0)},
-			req: Request{PromptTokens: 800, OutputTokens: 100}, others: 1, want: 2.1,
-		},
-		{
-			// Four samples of one prompt: prefilled once, 400/8000 = 0.05; they join the 4 running side by
-			// side, batch 8, and the request is done when they are: 100 tokens at the batch-8 speed.
-			name: "samples", ranks: []Rank{busy}, req: Request{PromptTokens: 400, OutputTokens: 100, Samples: 4},
-			want: 100/perRequest(busyAlone, 8) + 0.05,
-		},
-		{
-			// Six samples: 4 + 6 is 2 past the batch cap of 8, so two must finish first, each 100 tokens
-			// at 8 times the batch-8 speed; the batch is 8.
-			name: "samples past the batch cap", ranks: []Rank{busy}, req: Request{PromptTokens: 400, OutputTokens: 100, Samples: 6},
-			want: 2*100/(8*perRequest(busyAlone, 8)) + 100/perRequest(busyAlone, 8) + 0.05,
-		},
-		{
-			// Two samples, batch 6: each of the 2 x 100 tokens slows the 4 others by 1/16 of a token.
-			name: "samples, delay to others", ranks: []Rank{busy}, req: Request{PromptTokens: 400, OutputTokens: 100, Samples: 2}, others: 1,
-			want: 100/perRequest(busyAlone, 6) + 0.05 + 4*2*100.0/16/busyAlone,
-		},
-		{
-			// Ten samples on an idle worker of 1000 tokens: the prompt once and 10 x 100 of output is 200
-			// over. A sample holds 200/10 + 100 = 120, and the batch of 10 frees one every 100 of its tokens
-			// / 10: 200/120 of that. Speed alone the stand-in 50; prefill 200/8000 = 0.025.
-			name: "samples fill the pool", ranks: []Rank{worker(0, 0, 0, 0, 1000, 64, 0)},
-			req:  Request{PromptTokens: 200, OutputTokens: 100, Samples: 10},
-			want: 200.0/120*(100*(1+9.0/16)/50/10) + 100*(1+9.0/16)/50 + 0.025,
+			req: Request{800, 100}, others: 1, want: 2.1,
 		},
 		{
 			// Two DP ranks: the worker prefills 8000 tok/s, a prompt runs on one rank at 4000: 400/4000 = 0.1.
 			name: "two ranks", ranks: []Rank{worker(0, 0, 0, 0, 10000, 8, 0), worker(0, 0, 0, 0, 10000, 8, 0)},
-			req: Request{PromptTokens: 400, OutputTokens: 100}, want: 2.1,
+			req: Request{400, 100}, want: 2.1,
 		},
 	}
 	for _, tt := range tests {
@@ -337,13 +312,13 @@ func TestDecodeFromPrefillRatio(t *testing.T) {
 	idle.Follow(counters(0, 0, 0, 0, 0))
 	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 400, DecodePerPrefill: 0.025, DecodeBatchHalving: 32, MeanOutputTokens: 100}
 	// 800 prompt tokens at 4000 tok/s, then 100 output tokens alone at 4000 × 0.025 = 100 tok/s.
-	if got, want := idle.Cost(Request{PromptTokens: 800, OutputTokens: 100}, 0, &Since{}, &params), 0.2+1.0; math.Abs(got-want) > 1e-9 {
+	if got, want := idle.Cost(Request{800, 100}, 0, &Since{}, &params), 0.2+1.0; math.Abs(got-want) > 1e-9 {
 		t.Errorf("priced from the prefill ratio: %v s, want %v", got, want)
 	}
 	// Without the ratio, the stand-in: 100 tokens at 400 tok/s.
 	noRatio := params
 	noRatio.DecodePerPrefill = 0
-	if got, want := idle.Cost(Request{PromptTokens: 800, OutputTokens: 100}, 0, &Since{}, &noRatio), 0.2+0.25; math.Abs(got-want) > 1e-9 {
+	if got, want := idle.Cost(Request{800, 100}, 0, &Since{}, &noRatio), 0.2+0.25; math.Abs(got-want) > 1e-9 {
 		t.Errorf("priced from the stand-in: %v s, want %v", got, want)
 	}
 
@@ -362,10 +337,10 @@ func TestDecodeFromPrefillRatio(t *testing.T) {
 	}
 	blended := (3*20*1.0 + fleetReadings*100) / (3 + fleetReadings)
 	// Read to a part in 10⁵: the readings are a millisecond apart, and age each other that much.
-	if got, want := prev.AloneCost(Request{PromptTokens: 0, OutputTokens: 100}, &params), 100/blended; math.Abs(got/want-1) > 1e-5 {
+	if got, want := prev.AloneCost(Request{0, 100}, &params), 100/blended; math.Abs(got/want-1) > 1e-5 {
 		t.Errorf("priced by both: %v s, want %v (%.2f tok/s)", got, want, blended)
 	}
-	if got, want := prev.AloneCost(Request{PromptTokens: 0, OutputTokens: 100}, &noRatio), 100/own; math.Abs(got/want-1) > 1e-5 {
+	if got, want := prev.AloneCost(Request{0, 100}, &noRatio), 100/own; math.Abs(got/want-1) > 1e-5 {
 		t.Errorf("without the ratio, by its own readings: %v s, want %v", got, want)
 	}
 }
@@ -388,7 +363,7 @@ func TestDecodeTrustedAfterReadings(t *testing.T) {
 		if i == trustedReadings-1 {
 			want = 100.0 / 40
 		}
-		if got := idle.Cost(Request{PromptTokens: 0, OutputTokens: 100}, 0, &Since{}, &params); math.Abs(got-want) > 1e-9 {
+		if got := idle.Cost(Request{0, 100}, 0, &Since{}, &params); math.Abs(got-want) > 1e-9 {
 			t.Errorf("after %d readings: %v s, want %v", i+1, got, want)
 		}
 	}
@@ -449,7 +424,7 @@ func TestDecodeHalvingCarriesReadingsBack(t *testing.T) {
 		{0, 100 / (gen / running * (1 + (running-1)/32.0))}, // unset: the reference
 	} {
 		p := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: tc.halving}
-		if got := rep.AloneCost(Request{PromptTokens: 0, OutputTokens: 100}, &p); math.Abs(got-tc.want) > 1e-9 {
+		if got := rep.AloneCost(Request{0, 100}, &p); math.Abs(got-tc.want) > 1e-9 {
 			t.Errorf("halving %v: %.6f s alone, want %.6f", tc.halving, got, tc.want)
 		}
 	}
@@ -459,7 +434,7 @@ func TestCostFallbacks(t *testing.T) {
 	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 16, MeanOutputTokens: 100}
 	// No running/waiting counts: nothing to price.
 	rep := NewReport(time.Unix(0, 0), "", []Rank{{GenThroughput: 100, Fields: FieldGenThroughput}})
-	if rep.Priced() || !math.IsInf(rep.Cost(Request{PromptTokens: 1, OutputTokens: 1}, 0, &Since{}, &params), 1) {
+	if rep.Priced() || !math.IsInf(rep.Cost(Request{1, 1}, 0, &Since{}, &params), 1) {
 		t.Error("a report without request counts is priced")
 	}
 	if (*Report)(nil).Priced() {
@@ -468,7 +443,7 @@ func TestCostFallbacks(t *testing.T) {
 	// Only counts: no pool, no batch cap, no throughput; defaults for both speeds, the decode one at
 	// batch 3+1.
 	rep = NewReport(time.Unix(0, 0), "", []Rank{{Running: 3, Fields: FieldRunning | FieldWaiting}})
-	if got, want := rep.Cost(Request{PromptTokens: 400, OutputTokens: 100}, 0, &Since{}, &params), 0.05+100/perRequest(50, 4); math.Abs(got-want) > 1e-9 {
+	if got, want := rep.Cost(Request{400, 100}, 0, &Since{}, &params), 0.05+100/perRequest(50, 4); math.Abs(got-want) > 1e-9 {
 		t.Errorf("counts only: %v s, want %v", got, want)
 	}
 	// A restarted worker's counters go backwards: no speed measured, the default stays.
@@ -504,10 +479,10 @@ func TestCostOfARequestTheWorkerCannotHold(t *testing.T) {
 		req      Request
 		infinite bool
 	}{
-		{"fits the larger rank exactly", ranks, Request{PromptTokens: 8000, OutputTokens: 192}, false},
-		{"a token more", ranks, Request{PromptTokens: 8000, OutputTokens: 193}, true},
-		{"prompt alone too long", ranks, Request{PromptTokens: 9000, OutputTokens: 1}, true},
-		{"no pool reported", noPool, Request{PromptTokens: 1 << 40, OutputTokens: 1 << 40}, false},
+		{"fits the larger rank exactly", ranks, Request{8000, 192}, false},
+		{"a token more", ranks, Request{8000, 193}, true},
+		{"prompt alone too long", ranks, Request{9000, 1}, true},
+		{"no pool reported", noPool, Request{1 << 40, 1 << 40}, false},
 	} {
 		if got := v.rep.Cost(v.req, 0, &Since{}, &params); math.IsInf(got, 1) != v.infinite || math.IsNaN(got) || got <= 0 {
 			t.Errorf("%s: %+v priced at %v s, want infinite %t", v.name, v.req, got, v.infinite)
@@ -598,7 +573,7 @@ func BenchmarkCost(b *testing.B) {
 	since := Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800}
 	var sink float64
 	for b.Loop() {
-		sink += rep.Cost(Request{PromptTokens: 400, OutputTokens: 100}, 0, &since, &params)
+		sink += rep.Cost(Request{400, 100}, 0, &since, &params)
 	}
 	_ = sink
 }
@@ -682,66 +657,18 @@ func TestHeld(t *testing.T) {
 		rep       *Report
 		req, want Request
 	}{
-		{"fits", ranks, Request{PromptTokens: 1000, OutputTokens: 512}, Request{PromptTokens: 1000, OutputTokens: 512}},
-		{"fits the larger rank exactly", ranks, Request{PromptTokens: 1000, OutputTokens: 7192}, Request{PromptTokens: 1000, OutputTokens: 7192}},
-		{"a token more: refused", ranks, Request{PromptTokens: 1000, OutputTokens: 7193}, Request{}},
-		{"max_tokens 2^63-1: refused", ranks, Request{PromptTokens: 10, OutputTokens: math.MaxInt64}, Request{}},
-		{"prompt past the pool: refused", ranks, Request{PromptTokens: 1 << 40, OutputTokens: 256}, Request{}},
-		{"negative", ranks, Request{PromptTokens: -5, OutputTokens: -7}, Request{PromptTokens: 0, OutputTokens: 0}},
-		{"no pool reported", noPool, Request{PromptTokens: math.MaxInt64, OutputTokens: math.MaxInt64}, Request{PromptTokens: MaxRequestTokens, OutputTokens: MaxRequestTokens}},
-		{"no report", nil, Request{PromptTokens: 100, OutputTokens: math.MaxInt64}, Request{PromptTokens: 100, OutputTokens: MaxRequestTokens}},
+		{"fits", ranks, Request{1000, 512}, Request{1000, 512}},
+		{"fits the larger rank exactly", ranks, Request{1000, 7192}, Request{1000, 7192}},
+		{"a token more: refused", ranks, Request{1000, 7193}, Request{}},
+		{"max_tokens 2^63-1: refused", ranks, Request{10, math.MaxInt64}, Request{}},
+		{"prompt past the pool: refused", ranks, Request{1 << 40, 256}, Request{}},
+		{"negative", ranks, Request{-5, -7}, Request{0, 0}},
+		{"no pool reported", noPool, Request{math.MaxInt64, math.MaxInt64}, Request{MaxRequestTokens, MaxRequestTokens}},
+		{"no report", nil, Request{100, math.MaxInt64}, Request{100, MaxRequestTokens}},
 	} {
 		refused := strings.Contains(v.name, "refused")
 		if got, held := v.rep.Held(v.req); got != v.want || held == refused {
 			t.Errorf("%s: Held(%+v) = %+v, %t; want %+v, %t", v.name, v.req, got, held, v.want, !refused)
 		}
-	}
-}
-
-// A request of n samples is n sequences to the worker, which prefills its prompt once: they count as
-// such in what was sent, and the proxy's in-flight count of requests is carried to sequences.
-func TestSamples(t *testing.T) {
-	var totals SentTotals
-	totals.Add(Request{PromptTokens: 400, OutputTokens: 100, Samples: 4}, 100)
-	totals.Add(Request{PromptTokens: 200, OutputTokens: 50}, 0)
-	// Each of the four sequences holds 400/4 + 100 tokens for its 100 of output: 100 x (400 + 4 x 100).
-	want := SentTotals{Requests: 2, ExtraSamples: 3, PromptTokens: 600, OutputTokens: 450, Weighted: 80000 + 50*250, Uncached: 500}
-	if totals != want {
-		t.Errorf("totals %+v, want %+v", totals, want)
-	}
-
-	// Since a report stamped with o: 3 requests sent, 6 sequences. The in-flight count rose by 1, so 2
-	// requests finished: at the 1.6 sequences a request of all those sent, 3 sequences (3.2 rounded).
-	o := SentTotals{Requests: 7, ExtraSamples: 3}
-	t1 := SentTotals{Requests: 10, ExtraSamples: 6}
-	var s Since
-	t1.SetSince(&s, &o, time.Second, 1)
-	if s.Sent != 6 || s.Extra != 3 {
-		t.Errorf("sent %d, extra %d; want 6, 3", s.Sent, s.Extra)
-	}
-	// Requests of one sample each: the count is the proxy's, as it was.
-	one := SentTotals{Requests: 10}
-	one.SetSince(&s, &SentTotals{Requests: 7}, time.Second, -2)
-	if s.Sent != 3 || s.Extra != -2 {
-		t.Errorf("one sample each: sent %d, extra %d; want 3, -2", s.Sent, s.Extra)
-	}
-
-	// The output of all samples together is bounded as one request's is.
-	for _, v := range []struct{ req, want Request }{
-		{Request{PromptTokens: 10, OutputTokens: 1 << 20, Samples: 100}, Request{PromptTokens: 10, OutputTokens: 1 << 20, Samples: 16}},
-		{Request{PromptTokens: 10, OutputTokens: 0, Samples: math.MaxInt64}, Request{PromptTokens: 10, Samples: MaxRequestTokens}},
-		{Request{PromptTokens: 10, OutputTokens: 100, Samples: -3}, Request{PromptTokens: 10, OutputTokens: 100}},
-		{Request{PromptTokens: 10, OutputTokens: 100, Samples: 8}, Request{PromptTokens: 10, OutputTokens: 100, Samples: 8}},
-	} {
-		if got := v.req.Bounded(); got != v.want {
-			t.Errorf("Bounded(%+v) = %+v, want %+v", v.req, got, v.want)
-		}
-	}
-
-	// Alone, its samples decode as a batch of their own: 100 tokens at 50/(1 + 3/16); prefill 0.05.
-	idle := NewReport(time.Unix(0, 0), "", []Rank{worker(0, 0, 0, 0, 10000, 8, 0)})
-	p := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 16}
-	if got, want := idle.AloneCost(Request{PromptTokens: 400, OutputTokens: 100, Samples: 4}, &p), 0.05+100/perRequest(50, 4); math.Abs(got-want) > 1e-9 {
-		t.Errorf("alone: %.6f s, want %.6f", got, want)
 	}
 }
