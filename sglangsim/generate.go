@@ -83,11 +83,15 @@ type chatRequest struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 	} `json:"messages"`
-	MaxTokens           *int64         `json:"max_tokens"`
-	MaxCompletionTokens *int64         `json:"max_completion_tokens"`
-	N                   *int64         `json:"n"`
-	Stream              bool           `json:"stream"`
-	StreamOptions       *streamOptions `json:"stream_options"`
+	// Tools (or the older Functions) are tool definitions, which the chat template writes into the
+	// prompt ahead of the messages.
+	Tools               json.RawMessage `json:"tools"`
+	Functions           json.RawMessage `json:"functions"`
+	MaxTokens           *int64          `json:"max_tokens"`
+	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
+	N                   *int64          `json:"n"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *streamOptions  `json:"stream_options"`
 	sizeOverrides
 }
 
@@ -168,13 +172,19 @@ func (r generateRequest) prompt() (promptKey, error) {
 	}
 }
 
-// prompt returns the chat prompt, keyed by every message's role and text in order. Its size counts
-// the message text only.
+// prompt returns the chat prompt, keyed by the tool definitions (their JSON as sent) and then every
+// message's role and text in order. Its size counts the tool definitions and the message text.
 func (r chatRequest) prompt() (key promptKey, textBytes int, err error) {
 	if len(r.Messages) == 0 {
 		return promptKey{}, 0, badRequest("messages must not be empty")
 	}
 	var b []byte
+	for _, defs := range []json.RawMessage{r.Tools, r.Functions} {
+		if kind(defs) != "absent" {
+			b = append(append(b, defs...), 0)
+			textBytes += len(defs)
+		}
+	}
 	for i, m := range r.Messages {
 		b = append(append(b, m.Role...), 0)
 		start := len(b)

@@ -658,3 +658,34 @@ func TestFirstTokenTimeHeader(t *testing.T) {
 			"first token <= answer - 0.09 s (decode)", queue, first, elapsed)
 	}
 }
+
+// The chat template writes tool definitions into the prompt: they count in its size, and two prompts
+// with different tools share no cached prefix.
+func TestChatToolsCountInThePrompt(t *testing.T) {
+	_, base := startWorker(t, fastConfig())
+	tools := `[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"}}}]`
+	body := func(tools string) map[string]any {
+		return map[string]any{"messages": []any{map[string]any{"role": "user", "content": strings.Repeat("abcd", 40)}},
+			"max_tokens": 4, "tools": json.RawMessage(tools)}
+	}
+	ask := func(b map[string]any) openAIUsage {
+		t.Helper()
+		resp, raw := do(t, "POST", base+"/v1/chat/completions", "", b)
+		mustStatus(t, resp, raw, http.StatusOK)
+		var r openAIResponse
+		if err := json.Unmarshal(raw, &r); err != nil || r.Usage == nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		return *r.Usage
+	}
+	if u := ask(body(tools)); u.PromptTokens != int64(len(tools)+160+3)/4 {
+		t.Errorf("prompt %d tokens, want the tools' %d bytes and the message's 160 at 4 a token", u.PromptTokens, len(tools))
+	}
+	other := strings.Replace(tools, "lookup", "search", 1)
+	if u := ask(body(other)); u.PromptTokensDetails.CachedTokens != 0 {
+		t.Errorf("other tools found %d tokens cached", u.PromptTokensDetails.CachedTokens)
+	}
+	if u := ask(body(tools)); u.PromptTokensDetails.CachedTokens == 0 {
+		t.Error("the same tools and message again found nothing cached")
+	}
+}
