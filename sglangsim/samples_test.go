@@ -1,6 +1,7 @@
 package sglangsim
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -126,5 +127,24 @@ func TestSamplesWireShapes(t *testing.T) {
 		if !strings.Contains(string(b), "n must be in [1, 128]") {
 			t.Errorf("n %d: %s", n, b)
 		}
+	}
+}
+
+// A client that leaves a request for several answers frees every one of them, streamed or not.
+func TestSamplesFreedWhenTheClientLeaves(t *testing.T) {
+	cfg := fastConfig()
+	cfg.DecodeTokensPerSec = 0.001
+	w, base := startWorker(t, cfg)
+	for _, stream := range []bool{false, true} {
+		ctx, cancel := context.WithCancel(t.Context())
+		body := map[string]any{"messages": []any{map[string]any{"role": "user", "content": "hello"}}, "max_tokens": 50, "n": 4, "stream": stream}
+		ch := goPost(ctx, base+"/v1/chat/completions", body)
+		eventually(t, "four answers running", func() bool { return w.Loads()[0].Running == 4 })
+		cancel()
+		<-ch
+		eventually(t, "every answer freed", func() bool {
+			l := w.Loads()[0]
+			return l.Running == 0 && l.Waiting == 0 && l.UsedTokens == 0
+		})
 	}
 }
