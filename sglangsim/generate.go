@@ -589,24 +589,28 @@ func (generateAPI) meta(j *job, req *request, tokens int64, final bool) metaInfo
 
 // reply is an object, or a list of them for a request of several answers, as SGLang answers.
 func (g generateAPI) reply(c *call, reqs []*request) any {
-	if len(reqs) == 1 {
-		return generateResponse{Text: filler(0, c.output), MetaInfo: g.meta(&c.job, reqs[0], c.output, true)}
-	}
 	out := make([]generateResponse, len(reqs))
 	for i, req := range reqs {
 		j := c.sample(i)
-		out[i] = generateResponse{Text: filler(0, j.output), MetaInfo: g.meta(j, req, j.output, true), Index: &i}
+		out[i] = generateResponse{Text: filler(0, j.output), MetaInfo: g.meta(j, req, j.output, true), Index: answerIndex(i, len(reqs))}
+	}
+	if len(out) == 1 {
+		return out[0]
 	}
 	return out
 }
 
+// answerIndex is answer i's index as /generate sends it: only when the request asked for several.
+func answerIndex(i, answers int) *int {
+	if answers < 2 {
+		return nil
+	}
+	return &i
+}
+
 // streamer sends answer i's cumulative text; with several answers each event says whose it is.
 func (g generateAPI) streamer(c *call, reqs []*request, i int, s *sse) func(from, to int64, final bool) {
-	j, req := c.sample(i), reqs[i]
-	var index *int
-	if len(reqs) > 1 {
-		index = &i
-	}
+	j, req, index := c.sample(i), reqs[i], answerIndex(i, len(reqs))
 	return func(_, to int64, final bool) {
 		s.send(generateResponse{Text: filler(0, to), MetaInfo: g.meta(j, req, to, final), Index: index})
 	}
