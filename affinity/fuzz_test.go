@@ -78,6 +78,14 @@ func referenceParse(path string, body []byte) (ref reference) {
 		if hasMT {
 			ref.maxTokens = mt
 		}
+		// The tool definitions, as sent, lead the key and count as text: shared, as system messages are.
+		for _, name := range []string{"tools", "functions"} {
+			if raw := top[name]; !isNull(raw) {
+				text = append(append(text, raw...), 0)
+				textBytes += int64(len(raw))
+				hasPrompt, ref.shared = true, len(text)
+			}
+		}
 		if raw := top["messages"]; !isNull(raw) {
 			var msgs []map[string]json.RawMessage
 			if json.Unmarshal(raw, &msgs) != nil {
@@ -254,6 +262,7 @@ func FuzzParse(f *testing.F) {
 	for _, s := range []struct{ path, body string }{
 		{"/v1/chat/completions", `{"messages":[{"role":"system","content":"be brief\n\"ok\""},{"content":[{"type":"text","text":"hi \u00e9\ud83d\ude00"}],"role":"user"}],"max_tokens":12,"stream":true}`},
 		{"/v1/chat/completions", `{"max_completion_tokens":5,"messages":[],"tools":[{"a":["]}",{"b":null}]}]}`},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"` + strings.Repeat("q", 300) + `"}],"tools":[{"type":"function","function":{"name":"` + strings.Repeat("f", 300) + `"}}],"functions":null}`},
 		{"/v1/chat/completions", `{"messages":[{"role":"developer","content":"` + strings.Repeat("Cite the manual. ", 20) + `"},{"role":"system","content":"x"},{"role":"user","content":"hi"}]}`},
 		{"/v1/completions", `{"prompt":["abc","def"],"max_tokens":-1}`},
 		{"/v1/completions", `{"prompt":[1,2,3],"prompt_tokens":4}`},

@@ -40,7 +40,7 @@ type Request struct {
 	// PromptTokens estimates the prompt in the simulator's measure: a token per 4 bytes of prompt text
 	// (rounded up, at least 1), or a token per token id. Text is measured as sent, less a byte per
 	// backslash: exact for the two-byte escapes but \\ (see parser.str). Chat counts message contents,
-	// not roles. When the head is cut inside the prompt, the bytes past the head (from the content
+	// not roles, and its tool definitions (tools, functions) at the length of their JSON as sent. When the head is cut inside the prompt, the bytes past the head (from the content
 	// length, when known) count as prompt text at the same rate, unless it is cut inside a value that
 	// is not text, such as a part's base64 image. Media tokens are not counted.
 	PromptTokens int64
@@ -64,7 +64,10 @@ type Request struct {
 	// Blocks is the key: the chained hashes of the prompt's whole leading blocks (see BlockBytes). Parse
 	// fills at most cap(Blocks) of them into the caller's backing array, so give it capacity (MaxBlocks)
 	// once and keep it: Parse allocates nothing. Chat messages are keyed as role, 0, content, 0 for each
-	// message in order (parts' texts concatenated); /v1/completions and /generate key the prompt text,
+	// message in order (parts' texts concatenated), behind the tool definitions' JSON as sent, each
+	// followed by 0, wherever they stand in the body: the chat template writes them ahead of the
+	// messages, so two applications' requests share no prefix, whatever their messages, unless their
+	// tools are the same. /v1/completions and /generate key the prompt text,
 	// or the token ids as 4-byte little-endian integers. Text is keyed as sent, escapes included: one
 	// client's encoder spells one prompt one way every time, and hashing the bytes as they are costs
 	// nothing per character.
@@ -85,11 +88,14 @@ func Parse(path string, head []byte, complete bool, contentLength int64, dst *Re
 	if shape == ShapeNone {
 		return
 	}
-	p := parser{s: head, shape: shape}
+	p := parser{s: head, shape: shape, messagesAt: -1}
 	p.key.reset(seedText, blocks)
 	p.object(topObject)
 	if p.bad || p.cut && complete {
 		return
+	}
+	if p.defsSeen() {
+		p.keyBehindDefs()
 	}
 	dst.Shape = shape
 	dst.Stream = p.stream
@@ -117,7 +123,7 @@ func Parse(path string, head []byte, complete bool, contentLength int64, dst *Re
 			}
 			dst.PromptTokens = max(1, p.ids)
 		} else {
-			dst.PromptTokens = max(1, (p.text+rest+bytesPerToken-1)/bytesPerToken)
+			dst.PromptTokens = max(1, (p.text+p.defsText+rest+bytesPerToken-1)/bytesPerToken)
 		}
 	}
 	dst.Blocks = p.key.blocks
@@ -148,6 +154,12 @@ type parser struct {
 
 	key     keyWriter
 	prompt  promptKind
+	// defs are a chat's tool definitions, tools and then functions as the chat template writes them:
+	// where their JSON lies in s (end == start when absent or null). defsText is their length, and
+	// messagesAt where the messages' value starts (-1 when not seen), to key them behind the defs.
+	defs       [2]span
+	defsText   int64
+	messagesAt int
 	genText bool  // /generate had a text string, which wins over input_ids
 	text    int64 // prompt text bytes, as sent less a byte per backslash
 	ids     int64 // token ids
@@ -355,7 +367,12 @@ func (p *parser) topField(key []byte) bool {
 	case ShapeChat:
 		switch string(key) {
 		case "messages":
+			p.messagesAt = p.i
 			return p.promptValue(p.messages)
+		case "tools":
+			return p.toolDefs(&p.defs[0])
+		case "functions":
+			return p.toolDefs(&p.defs[1])
 		case "max_tokens":
 			return p.integer(&p.maxTokens, &p.hasMax)
 		case "max_completion_tokens":
@@ -578,6 +595,75 @@ func (p *parser) partField(key []byte) bool {
 		return p.textOrSkip()
 	}
 	return p.skipValue()
+}
+
+// span is where a value lies in the head, s[start:end], and whether it lies there whole.
+type span struct {
+	start, end int
+	whole      bool
+}
+
+// toolDefs records the tool definitions at p.i in d, a later field replacing an earlier one, and
+// counts their JSON as sent as prompt text: a head that ends inside them ends inside the prompt. As
+// the simulator takes them: null is none, any other value counts.
+func (p *parser) toolDefs(d *span) bool {
+	p.defsText -= int64(d.end - d.start)
+	*d = span{start: p.i, end: p.i}
+	var ok bool
+	p.inPrompt = true
+	switch p.s[p.i] {
+	case '[', '{':
+		ok = p.skipNested()
+	case '"':
+		ok = p.skipString()
+	default:
+		var lit []byte
+		if lit, ok = p.literal(); ok && string(lit) == "null" {
+			p.inPrompt = false
+			return true
+		}
+	}
+	p.inPrompt = false
+	d.end, d.whole = p.i, ok
+	p.defsText += int64(d.end - d.start)
+	return ok
+}
+
+func (p *parser) defsSeen() bool { return p.defs[0].end > p.defs[0].start || p.defs[1].end > p.defs[1].start }
+
+// keyBehindDefs keys the chat's prompt again as the template writes it: the tool definitions, each
+// followed by 0, then the messages, which the first pass keyed alone wherever the fields stood. The
+// definitions are the application's, the same in each of its requests: their blocks count as shared,
+// as a leading system message's do. A head that ends inside them keys their whole blocks only.
+func (p *parser) keyBehindDefs() {
+	if p.prompt == promptNone {
+		p.prompt = promptText // definitions without messages: a head that ends before them
+	}
+	p.key.reset(seedText, p.key.blocks)
+	p.previousBlocks = 0
+	for _, d := range p.defs {
+		if d.end == d.start {
+			continue
+		}
+		p.key.write(p.s[d.start:d.end])
+		if !d.whole {
+			p.sharedBlocks = len(p.key.blocks)
+			return
+		}
+		p.key.writeByte(0)
+	}
+	p.sharedBlocks = len(p.key.blocks)
+	if p.messagesAt < 0 {
+		return
+	}
+	// The messages' second walk keys them again; their text, flags and the head's end were found by
+	// the first.
+	text, cut, cutInPrompt := p.text, p.cut, p.cutInPrompt
+	p.i = p.messagesAt
+	p.inPrompt = true
+	p.messages()
+	p.inPrompt = false
+	p.text, p.cut, p.cutInPrompt = text, cut, cutInPrompt
 }
 
 // boolean reads true or false into v; another value is skipped.

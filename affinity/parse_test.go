@@ -80,7 +80,7 @@ func TestParseShapes(t *testing.T) {
 		{
 			name: "chat, content before role, unknown fields everywhere",
 			path: "/v1/chat/completions",
-			body: fmt.Sprintf(`{"tools":[{"type":"function","function":{"name":"f","description":"a \"quoted\" ]} string","parameters":{"a":[1,2,{"b":null}]}}}],
+			body: fmt.Sprintf(`{"response_format":[{"type":"json_schema","json_schema":{"name":"f","description":"a \"quoted\" ]} string","schema":{"a":[1,2,{"b":null}]}}}],
 				"messages":[{"content":%s,"name":"x","role":"system"},{"role":"user","extra":{"k":[true,false]},"content":%s}],
 				"temperature":0.7,"max_completion_tokens":99,"stream":false}`, sysJSON, userJSON),
 			want: Request{Shape: ShapeChat, PromptTokens: tokens(len(system) + len(user)), MaxTokens: 99, Blocks: chatKey},
@@ -229,6 +229,68 @@ func TestParseMeasuresTextAsSent(t *testing.T) {
 				t.Errorf("%d tokens, %d blocks; want %d tokens, %d blocks", r.PromptTokens, len(r.Blocks), want, len(sent)/BlockBytes)
 			}
 		})
+	}
+}
+
+// A chat's tool definitions lead its key as the chat template writes them, wherever they stand in the
+// body, and count as prompt text at their JSON's length; their blocks are the application's, shared.
+func TestParseToolDefinitions(t *testing.T) {
+	tools := `[{"type":"function","function":{"name":"lookup","description":"` + strings.Repeat("Find an order by its number. ", 20) +
+		`","parameters":{"type":"object","properties":{"number":{"type":"string"}}}}}]`
+	functions := `[{"name":"old_style","parameters":{}}]`
+	msgs := fmt.Sprintf(`[{"role":"system","content":%q},{"role":"user","content":%q}]`, system, user)
+	defsText := len(tools) + len(functions)
+	msgStream := chatStream("system", system, "user", user)
+	stream := append(append(append([]byte(tools), 0), append([]byte(functions), 0)...), msgStream...)
+	want := Request{Shape: ShapeChat, PromptTokens: tokens(defsText + len(system) + len(user)), Blocks: refKey(seedText, stream, MaxBlocks)}
+	for _, body := range []string{
+		`{"messages":` + msgs + `,"tools":` + tools + `,"functions":` + functions + `}`, // as the OpenAI SDK orders them
+		`{"functions":` + functions + `,"tools":` + tools + `,"messages":` + msgs + `}`,
+		`{"tools":` + tools + `,"messages":` + msgs + `,"functions":` + functions + `}`,
+	} {
+		got := parse("/v1/chat/completions", body)
+		assertRequest(t, got, want)
+		// The definitions, the separators after them and the system message: all shared.
+		if sharedBytes := defsText + 2 + len("system") + 2 + len(system); got.SharedBlocks != sharedBytes/BlockBytes {
+			t.Errorf("shared blocks %d, want %d", got.SharedBlocks, sharedBytes/BlockBytes)
+		}
+	}
+
+	// null is none; without a system message the definitions alone are shared.
+	body := `{"tools":null,"functions":` + functions + `,"messages":[{"role":"user","content":"` + strings.Repeat("q", 300) + `"}]}`
+	got := parse("/v1/chat/completions", body)
+	stream = append(append([]byte(functions), 0), chatStream("user", strings.Repeat("q", 300))...)
+	assertRequest(t, got, Request{Shape: ShapeChat, PromptTokens: tokens(len(functions) + 300), Blocks: refKey(seedText, stream, MaxBlocks)})
+	if got.SharedBlocks != (len(functions)+1)/BlockBytes {
+		t.Errorf("shared blocks %d, want %d", got.SharedBlocks, (len(functions)+1)/BlockBytes)
+	}
+
+	// Requests that differ in their tools only share no block; with the same tools, their messages' blocks.
+	other := strings.Replace(tools, "lookup", "search", 1)
+	a := parse("/v1/chat/completions", `{"messages":`+msgs+`,"tools":`+tools+`}`)
+	b := parse("/v1/chat/completions", `{"messages":`+msgs+`,"tools":`+other+`}`)
+	if len(a.Blocks) == 0 || a.Blocks[0] == b.Blocks[0] {
+		t.Errorf("different tools share their first block: %x, %x", a.Blocks[:1], b.Blocks[:1])
+	}
+}
+
+// A head that ends inside the tool definitions ends inside the prompt: the rest of the body counts as
+// prompt text, and the key is the definitions' whole blocks, with nothing behind them.
+func TestParseCutInsideToolDefinitions(t *testing.T) {
+	tools := `[{"type":"function","function":{"name":"f","description":"` + strings.Repeat("d", 4*BlockBytes) + `"}}]`
+	body := `{"messages":[{"role":"user","content":"hi"}],"tools":` + tools + `}`
+	cut := strings.Index(body, `"tools":`) + len(`"tools":`) + 2*BlockBytes + 10
+	r := Request{Blocks: make([]uint64, 0, MaxBlocks)}
+	Parse("/v1/chat/completions", []byte(body[:cut]), false, int64(len(body)), &r)
+	start := strings.Index(body, `"tools":`) + len(`"tools":`)
+	if want := tokens(len(body) - start + len("hi")); r.PromptTokens != want {
+		t.Errorf("prompt %d tokens, want %d: the definitions as sent, cut or not, and the message", r.PromptTokens, want)
+	}
+	if want := refKey(seedText, []byte(body[start:cut]), MaxBlocks); fmt.Sprint(r.Blocks) != fmt.Sprint(want) {
+		t.Errorf("blocks\n got %x\nwant %x", r.Blocks, want)
+	}
+	if r.SharedBlocks != 2 {
+		t.Errorf("shared blocks %d, want 2", r.SharedBlocks)
 	}
 }
 
