@@ -53,11 +53,12 @@ type affinityWorkload struct {
 	ideal       string // the analytic ideal, as a formula with its value
 }
 
-// affinityWorkloads are the workloads, the shared-prefix one with questions per group (the default
-// shape's when 0).
+// affinityWorkloads are the workloads, the shared-prefix and tools ones with questions per group (the
+// default shape's when 0).
 func affinityWorkloads(questions int) []affinityWorkload {
-	sp, ss := defaultSharedPrefix, defaultSessions
+	sp, ss, tw := defaultSharedPrefix, defaultSessions, defaultTools
 	sp.questions = cmp.Or(questions, sp.questions)
+	tw.questions = cmp.Or(questions, tw.questions)
 	// Turn t resends the history: its prompt P_t is the first message, t answers and t more messages. The
 	// simulator, as SGLang's radix cache, keeps prompts and answers: all of P_t but the new message is
 	// cached in the ideal case, nothing of turn 0.
@@ -85,6 +86,15 @@ func affinityWorkloads(questions int) []affinityWorkload {
 			ideal: fmt.Sprintf("Σ_{t≥1}(P_t − m) / Σ_t P_t with P_t = F + t(o+m) = %.3f at full-length answers: all but each turn's new "+
 				"message is cached, the previous answers too (the simulator, as SGLang's radix cache, keeps generated tokens); "+
 				"answers that end early lower it", sessCached/sessPrompt)},
+		{name: "tools",
+			about: fmt.Sprintf("agents: %d applications, each with its own tool definitions of %d tokens (JSON, sent after the messages as the OpenAI SDK sends them), "+
+				"%d questions of %d tokens per application as the only message, %d output tokens, applications interleaved at random, Poisson arrivals: "+
+				"the shared-prefix shape with the shared part in the tools, which the chat template writes ahead of the messages",
+				tw.apps, tw.toolTokens, tw.questions, tw.questionTokens, tw.outputTokens),
+			jobs: func(seed int64, rate float64) []job { return toolsWorkload(seed, rate, tw) },
+			ideal: fmt.Sprintf("(Q−1)/Q × T/(T+q) = %d/%d × %d/%d = %.3f (every question but each application's first finds its tools cached)",
+				tw.questions-1, tw.questions, tw.toolTokens, tw.toolTokens+tw.questionTokens,
+				float64(tw.questions-1)/float64(tw.questions)*float64(tw.toolTokens)/float64(tw.toolTokens+tw.questionTokens))},
 		{name: "unique",
 			about: fmt.Sprintf("the quality workload (no shared prefix: every prompt starts with a nonce), %d requests", sp.groups*sp.questions),
 			jobs:  func(seed int64, rate float64) []job { return qualityWorkload(seed, rate, sp.groups*sp.questions) },
@@ -147,7 +157,7 @@ func runAffinity(ctx context.Context, o affinityOptions, stdout, stderr io.Write
 			}
 		}
 		if !found {
-			return fmt.Errorf("-workloads: unknown workload %q: want shared-prefix, sessions or unique", name)
+			return fmt.Errorf("-workloads: unknown workload %q: want shared-prefix, sessions, tools or unique", name)
 		}
 	}
 	mark := markCPU()

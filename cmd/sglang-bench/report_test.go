@@ -191,6 +191,27 @@ func TestArmsAgainstSimulatedWorkers(t *testing.T) {
 		byGroup[g] = s.worker
 	}
 
+	// Tools: the definitions reach the worker, which counts them in the prompt and caches them as a
+	// prefix, so an application's later questions on one worker find them.
+	ts := toolsShape{apps: 2, questions: 3, toolTokens: 64, questionTokens: 16, outputTokens: 4}
+	tools, err := startArm(ctx, "", policy{name: "cache_aware", router: newCacheAware}, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tools.Close()
+	tjobs := toolsWorkload(3, 5, ts) // 0.2 s apart on average: an application's first question is cached before its next
+	runArms(ctx, []*arm{tools}, sequences(tjobs), nil)
+	cached := 0
+	for _, s := range tools.samples {
+		if !s.ok || s.prompt != ts.toolTokens+ts.questionTokens {
+			t.Fatalf("tools: job %d: ok %t, prompt %d tokens by the worker's count, want %d", s.job, s.ok, s.prompt, ts.toolTokens+ts.questionTokens)
+		}
+		cached += s.cached
+	}
+	if len(tools.samples) != len(tjobs) || cached == 0 {
+		t.Fatalf("tools: %d samples for %d jobs, %d prompt tokens cached", len(tools.samples), len(tjobs), cached)
+	}
+
 	// Sessions: each turn's prompt is the previous prompt, its answer and the new message.
 	ss := sessionShape{sessions: 3, turns: 3, firstTokens: 40, messageTokens: 8, outputTokens: 4, thinkTime: time.Millisecond}
 	sess, err := startArm(ctx, "", policy{name: "cache_aware", router: newCacheAware}, 1, nil)

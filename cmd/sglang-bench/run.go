@@ -165,25 +165,26 @@ func (a *arm) runSequence(ctx context.Context, seq []job) {
 		s, answer := a.send(ctx, j, msgs, len(seq) > 1)
 		a.mu.Lock()
 		a.samples = append(a.samples, s)
-		a.ideal.add(msgs)
+		a.ideal.add(j.tools, msgs)
 		a.mu.Unlock()
 		if !s.ok {
 			return
 		}
 		history = append(msgs, message{"assistant", answer})
 		a.mu.Lock()
-		a.ideal.remember(history)
+		a.ideal.remember(j.tools, history)
 		a.mu.Unlock()
 	}
 }
 
 type chatBody struct {
-	Model         string         `json:"model"`
-	Messages      []message      `json:"messages"`
-	MaxTokens     int            `json:"max_tokens"`
-	N             int            `json:"n,omitempty"`
-	Stream        bool           `json:"stream"`
-	StreamOptions *streamOptions `json:"stream_options,omitempty"`
+	Model         string          `json:"model"`
+	Messages      []message       `json:"messages"`
+	Tools         json.RawMessage `json:"tools,omitempty"` // after the messages, as the OpenAI SDK sends them
+	MaxTokens     int             `json:"max_tokens"`
+	N             int             `json:"n,omitempty"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *streamOptions  `json:"stream_options,omitempty"`
 }
 
 type streamOptions struct {
@@ -219,7 +220,7 @@ func (s *sample) setUsage(u *usageJSON) {
 // send runs one request through the arm and measures it; with wantText it also returns the answer's text.
 func (a *arm) send(ctx context.Context, j job, msgs []message, wantText bool) (sample, string) {
 	s := sample{job: j.index, long: j.long, stream: j.stream, worker: -1}
-	body := chatBody{Model: "bench", Messages: msgs, MaxTokens: j.maxTokens, N: j.samples, Stream: j.stream}
+	body := chatBody{Model: "bench", Messages: msgs, Tools: json.RawMessage(j.tools), MaxTokens: j.maxTokens, N: j.samples, Stream: j.stream}
 	if j.stream {
 		body.StreamOptions = &streamOptions{IncludeUsage: true}
 	}
@@ -312,7 +313,7 @@ func (a *arm) target(j job, msgs []message) (url string, done func()) {
 		return a.caddys[i].SiteURL, func() {}
 	}
 	r := a.routers[i]
-	w := r.pick(promptText(msgs))
+	w := r.pick(promptText(j.tools, msgs))
 	return "http://" + a.fleet.addrs[w], func() { r.done(w) }
 }
 

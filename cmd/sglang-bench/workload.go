@@ -37,6 +37,7 @@ type job struct {
 	turn         int       // session turn, from 0
 	session      string    // the session header's value (sessionHeader); empty outside sessions
 	samples      int       // answers asked for (n); 0 or 1 for one
+	tools        string    // the chat's tool definitions, JSON sent after the messages; empty for none
 }
 
 // words of exactly bytesPerToken bytes, so text of n words is n tokens in the simulator's measure.
@@ -131,6 +132,52 @@ func sharedPrefixWorkload(seed int64, rate float64, s sharedPrefixShape) []job {
 	return jobs
 }
 
+// toolsShape is an agent workload: applications whose requests share their tool definitions, each a
+// user's question with no system message, as function calling is often sent.
+type toolsShape struct {
+	apps, questions            int
+	toolTokens, questionTokens int
+	outputTokens               int
+}
+
+// defaultTools is the shared-prefix shape with each group's shared prompt moved from a system message
+// into tool definitions: the same tokens, in the place the chat template gives them.
+var defaultTools = toolsShape{apps: 32, questions: 16, toolTokens: 2048, questionTokens: 128, outputTokens: 256}
+
+// toolDefinitions is one application's tools as an OpenAI client sends them: n tokens of JSON in the
+// simulator's measure (4n bytes), unique from its first block (the nonce leads its first tool's name).
+func toolDefinitions(rnd *rand.Rand, nonce string, n int) string {
+	head := `[{"type":"function","function":{"name":"` + nonce + `_lookup","description":"`
+	tail := `","parameters":{"type":"object","properties":{"id":{"type":"string"}}}}}]`
+	pad := n*bytesPerToken - len(head) - len(tail)
+	return head + text(rnd, pad/bytesPerToken) + strings.Repeat(".", pad%bytesPerToken) + tail
+}
+
+// toolsWorkload sends every question of every application once, the applications interleaved at
+// random, at Poisson arrivals of rate, all streamed.
+func toolsWorkload(seed int64, rate float64, s toolsShape) []job {
+	rnd := rand.New(rand.NewPCG(uint64(seed), 0x7001))
+	tools := make([]string, s.apps)
+	for a := range tools {
+		tools[a] = toolDefinitions(rnd, nonce(seed, a), s.toolTokens)
+	}
+	order := make([]int, 0, s.apps*s.questions)
+	for a := range s.apps {
+		for range s.questions {
+			order = append(order, a)
+		}
+	}
+	rnd.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	jobs := make([]job, len(order))
+	var at time.Duration
+	for i, a := range order {
+		at += time.Duration(rnd.ExpFloat64() / rate * float64(time.Second))
+		jobs[i] = job{index: i, at: at, stream: true, maxTokens: s.outputTokens, group: a, pick: rnd.Float64(),
+			messages: []message{{"user", text(rnd, s.questionTokens)}}, tools: tools[a]}
+	}
+	return jobs
+}
+
 // sessionShape is a multi-turn chat workload: sessions start at Poisson arrivals; each turn resends the
 // whole history (the previous answers as the workers gave them) plus a new user message, sent when the
 // previous answer arrived and a think time passed.
@@ -168,9 +215,10 @@ func sessionWorkload(seed int64, rate float64, s sessionShape) []job {
 	return jobs
 }
 
-// promptTokens is a conversation's prompt in the simulator's measure: ceil(bytes/4) per message, summed.
-func promptTokens(msgs []message) int {
-	n := 0
+// promptTokens is a conversation's prompt in the simulator's measure: ceil(bytes/4) per message, summed,
+// and its tool definitions' JSON at 4 bytes a token.
+func promptTokens(tools string, msgs []message) int {
+	n := (len(tools) + bytesPerToken - 1) / bytesPerToken
 	for _, m := range msgs {
 		n += max(1, (len(m.Content)+bytesPerToken-1)/bytesPerToken)
 	}
@@ -180,11 +228,17 @@ func promptTokens(msgs []message) int {
 // cacheBlockTokens is the block size, in tokens, of the prefix-cache accounting below.
 const cacheBlockTokens = 16
 
-// promptText is the text whose leading part a prefix cache (and the prefix routers) match on: the
-// messages' contents in order, each introduced by its role. Prefix caches match token by token; this
-// string is the bench's stand-in for the tokenised prompt.
-func promptText(msgs []message) string {
+// promptText is the text whose leading part a prefix cache (and the prefix routers) match on: the tool
+// definitions, as the chat template writes them ahead of the messages, then the messages' contents in
+// order, each introduced by its role. Prefix caches match token by token; this string is the bench's
+// stand-in for the tokenised prompt.
+func promptText(tools string, msgs []message) string {
 	var b strings.Builder
+	if tools != "" {
+		b.WriteString("tools:")
+		b.WriteString(tools)
+		b.WriteByte('\n')
+	}
 	for _, m := range msgs {
 		b.WriteString(m.Role)
 		b.WriteByte(':')
@@ -218,10 +272,10 @@ type idealCache struct {
 func newIdealCache() *idealCache { return &idealCache{seen: map[uint64]struct{}{}} }
 
 // add counts one prompt: its tokens, and those of its leading blocks that an earlier prompt had.
-func (c *idealCache) add(msgs []message) {
-	c.prompt += promptTokens(msgs)
+func (c *idealCache) add(tools string, msgs []message) {
+	c.prompt += promptTokens(tools, msgs)
 	hit := true
-	for _, h := range blockHashes(promptText(msgs)) {
+	for _, h := range blockHashes(promptText(tools, msgs)) {
 		if _, ok := c.seen[h]; hit && ok {
 			c.cached += cacheBlockTokens
 		} else {
@@ -233,8 +287,8 @@ func (c *idealCache) add(msgs []message) {
 
 // remember caches a conversation without counting it as a prompt: an answer the worker generated, which
 // the simulator (as SGLang's radix cache) keeps for the next turn that resends it.
-func (c *idealCache) remember(msgs []message) {
-	for _, h := range blockHashes(promptText(msgs)) {
+func (c *idealCache) remember(tools string, msgs []message) {
+	for _, h := range blockHashes(promptText(tools, msgs)) {
 		c.seen[h] = struct{}{}
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"reflect"
@@ -45,7 +46,7 @@ func TestQualityWorkloadShares(t *testing.T) {
 		if j.stream {
 			stream++
 		}
-		if got := promptTokens(j.messages); got != wantPrompt || j.maxTokens != wantOut {
+		if got := promptTokens("", j.messages); got != wantPrompt || j.maxTokens != wantOut {
 			t.Fatalf("job %d (long %t): prompt %d max_tokens %d, want %d and %d", i, j.long, got, j.maxTokens, wantPrompt, wantOut)
 		}
 		if j.pick < 0 || j.pick >= 1 {
@@ -70,10 +71,51 @@ func TestQualityPromptsShareNoBlock(t *testing.T) {
 	jobs := qualityWorkload(1, 24, 2000)
 	c := newIdealCache()
 	for _, j := range jobs {
-		c.add(j.messages)
+		c.add(j.tools, j.messages)
 	}
 	if c.cached != 0 {
 		t.Fatalf("%d tokens of unique prompts would be cached", c.cached)
+	}
+}
+
+func TestToolsWorkload(t *testing.T) {
+	s := defaultTools
+	jobs := toolsWorkload(5, 8, s)
+	if len(jobs) != s.apps*s.questions {
+		t.Fatalf("got %d jobs, want %d", len(jobs), s.apps*s.questions)
+	}
+	tools := map[int]string{}
+	firstBlocks := map[string]bool{}
+	for i, j := range jobs {
+		if len(j.messages) != 1 || j.messages[0].Role != "user" || !j.stream {
+			t.Fatalf("job %d: %d messages, stream %t", i, len(j.messages), j.stream)
+		}
+		if !json.Valid([]byte(j.tools)) {
+			t.Fatalf("job %d: tools are not JSON: %.80s", i, j.tools)
+		}
+		if got := promptTokens(j.tools, nil); got != s.toolTokens || len(j.tools) != s.toolTokens*bytesPerToken {
+			t.Fatalf("job %d: tools of %d bytes, %d tokens; want %d tokens exactly", i, len(j.tools), got, s.toolTokens)
+		}
+		if got := promptTokens("", j.messages); got != s.questionTokens {
+			t.Fatalf("job %d: question %d tokens, want %d", i, got, s.questionTokens)
+		}
+		if prev, ok := tools[j.group]; ok && prev != j.tools {
+			t.Fatalf("application %d has two sets of tools", j.group)
+		}
+		tools[j.group] = j.tools
+		firstBlocks[j.tools[:cacheBlockTokens*bytesPerToken]] = true
+	}
+	if len(tools) != s.apps || len(firstBlocks) != s.apps {
+		t.Fatalf("%d applications, %d distinct first blocks of tools; want %d", len(tools), len(firstBlocks), s.apps)
+	}
+	// The measured ideal equals the formula: every question but each application's first finds its tools.
+	c := newIdealCache()
+	for _, j := range jobs {
+		c.add(j.tools, j.messages)
+	}
+	want := float64(s.questions-1) / float64(s.questions) * float64(s.toolTokens) / float64(s.toolTokens+s.questionTokens)
+	if math.Abs(c.rate()-want) > 1e-9 {
+		t.Fatalf("ideal hit rate %.6f, want %.6f", c.rate(), want)
 	}
 }
 
@@ -90,10 +132,10 @@ func TestSharedPrefixWorkload(t *testing.T) {
 		if len(j.messages) != 2 || j.messages[0].Role != "system" || j.messages[1].Role != "user" || !j.stream {
 			t.Fatalf("job %d: %d messages, stream %t", i, len(j.messages), j.stream)
 		}
-		if got := promptTokens(j.messages[:1]); got != s.systemTokens {
+		if got := promptTokens("", j.messages[:1]); got != s.systemTokens {
 			t.Fatalf("job %d: system prompt %d tokens, want %d", i, got, s.systemTokens)
 		}
-		if got := promptTokens(j.messages[1:]); got != s.questionTokens {
+		if got := promptTokens("", j.messages[1:]); got != s.questionTokens {
 			t.Fatalf("job %d: question %d tokens, want %d", i, got, s.questionTokens)
 		}
 		if prev, ok := system[j.group]; ok && prev != j.messages[0].Content {
@@ -127,7 +169,7 @@ func TestSharedPrefixWorkload(t *testing.T) {
 	// The measured ideal equals the formula: every question but each group's first finds its system prompt.
 	c := newIdealCache()
 	for _, j := range jobs {
-		c.add(j.messages)
+		c.add(j.tools, j.messages)
 	}
 	want := float64(s.questions-1) / float64(s.questions) * float64(s.systemTokens) / float64(s.systemTokens+s.questionTokens)
 	if math.Abs(c.rate()-want) > 1e-9 {
@@ -157,9 +199,9 @@ func TestSessionWorkload(t *testing.T) {
 			if turn == 0 {
 				want = s.firstTokens
 			}
-			if j.turn != turn || j.group != seq[0].group || promptTokens(j.messages) != want {
+			if j.turn != turn || j.group != seq[0].group || promptTokens("", j.messages) != want {
 				t.Fatalf("session %d turn %d: turn %d group %d, %d tokens (want %d)", k, turn, j.turn, j.group,
-					promptTokens(j.messages), want)
+					promptTokens("", j.messages), want)
 			}
 		}
 	}
@@ -200,8 +242,8 @@ func TestIdealCacheByHand(t *testing.T) {
 	blk := func(c string) string { return strings.Repeat(c, cacheBlockTokens*bytesPerToken) }
 	c := newIdealCache()
 	// Content of 4 blocks, 64 tokens; promptText puts "user:" before it, shifting the blocks by 5 bytes.
-	c.add([]message{{"user", blk("x") + blk("y") + blk("z") + blk("w")}})
-	c.add([]message{{"user", blk("x") + blk("y") + blk("q") + blk("w")}})
+	c.add("", []message{{"user", blk("x") + blk("y") + blk("z") + blk("w")}})
+	c.add("", []message{{"user", blk("x") + blk("y") + blk("q") + blk("w")}})
 	// The second shares block 0 ("user:" and x) and block 1 (x's end and y); block 2 holds q instead of z.
 	if c.prompt != 2*4*cacheBlockTokens || c.cached != 2*cacheBlockTokens {
 		t.Fatalf("prompt %d cached %d, want %d and %d", c.prompt, c.cached, 2*4*cacheBlockTokens, 2*cacheBlockTokens)
@@ -212,21 +254,21 @@ func TestIdealCacheRemembersAnswers(t *testing.T) {
 	blk := func(c string) string { return strings.Repeat(c, cacheBlockTokens*bytesPerToken) }
 	first := []message{{"user", blk("a") + blk("b")}}
 	c := newIdealCache()
-	c.add(first)
+	c.add("", first)
 	history := append(first, message{"assistant", blk("c") + blk("d")})
-	c.remember(history)
+	c.remember("", history)
 	if c.prompt != 2*cacheBlockTokens || c.cached != 0 {
 		t.Fatalf("remember counted as a prompt: prompt %d cached %d", c.prompt, c.cached)
 	}
-	c.add(append(history, message{"user", blk("e")}))
+	c.add("", append(history, message{"user", blk("e")}))
 	// promptText of the history is 4 blocks + 17 bytes of roles and newlines: its 4 whole blocks are cached.
 	if c.cached != 4*cacheBlockTokens {
 		t.Fatalf("cached %d tokens of the second turn, want the history's 4 blocks, %d", c.cached, 4*cacheBlockTokens)
 	}
 }
 
-// TestAffinityWorkloadsQuestions checks that -questions sizes the shared-prefix workload, its ideal and
-// the unique one alike, and that 0 keeps the default shape.
+// TestAffinityWorkloadsQuestions checks that -questions sizes the shared-prefix and tools workloads,
+// their ideals and the unique one alike, and that 0 keeps the default shape.
 func TestAffinityWorkloadsQuestions(t *testing.T) {
 	for _, tc := range []struct{ questions, want int }{{0, defaultSharedPrefix.questions}, {64, 64}} {
 		for _, w := range affinityWorkloads(tc.questions) {
@@ -237,7 +279,7 @@ func TestAffinityWorkloadsQuestions(t *testing.T) {
 			if got := len(w.jobs(1, 8)); got != requests {
 				t.Errorf("questions %d: %s has %d requests, want %d", tc.questions, w.name, got, requests)
 			}
-			if w.name == "shared-prefix" && !strings.Contains(w.ideal, fmt.Sprintf("%d/%d", tc.want-1, tc.want)) {
+			if (w.name == "shared-prefix" || w.name == "tools") && !strings.Contains(w.ideal, fmt.Sprintf("%d/%d", tc.want-1, tc.want)) {
 				t.Errorf("questions %d: ideal %q does not count %d questions", tc.questions, w.ideal, tc.want)
 			}
 			if w.name == "unique" && !strings.Contains(w.about, fmt.Sprintf("%d requests", requests)) {
