@@ -13,13 +13,23 @@ import (
 // BenchmarkRequest is the whole affinity path of one request as Select runs it: read the head of a
 // 16 KiB chat body (into a reused buffer), parse it, choose among the candidates and record the choice.
 // The chat's system prompt is one of 64 (a shared-prefix workload), so the index knows most prefixes.
+// With tools, 8 KiB of tool definitions follow the messages, as the OpenAI SDK sends them: the messages
+// are walked twice, to key them behind the tools.
 func BenchmarkRequest(b *testing.B) {
-	bodies := make([][]byte, 64)
-	for i := range bodies {
-		bodies[i] = []byte(strings.Replace(chatBody(16<<10, false), `"content":"You`, fmt.Sprintf(`"content":"Group %d. You`, i), 1))
+	plain := make([][]byte, 64)
+	withTools := make([][]byte, 64)
+	tools := `,"tools":[{"type":"function","function":{"name":"lookup","description":"` + strings.Repeat("Find an order by its number. ", 280) + `"}}]}`
+	for i := range plain {
+		plain[i] = []byte(strings.Replace(chatBody(16<<10, false), `"content":"You`, fmt.Sprintf(`"content":"Group %d. You`, i), 1))
+		withTools[i] = append(bytes.TrimSuffix(bytes.Clone(plain[i]), []byte("}")), tools...)
 	}
-	for _, n := range []int{4, 64} {
-		b.Run(fmt.Sprintf("chat16KiB-%d", n), func(b *testing.B) {
+	for _, v := range []struct {
+		name   string
+		bodies [][]byte
+		n      int
+	}{{"chat16KiB-4", plain, 4}, {"chat16KiB-64", plain, 64}, {"chat16KiB-tools8KiB-4", withTools, 4}} {
+		bodies, n := v.bodies, v.n
+		b.Run(v.name, func(b *testing.B) {
 			x := NewIndex(0)
 			f := newFleet(x, n)
 			buf := make([]byte, 0, 64<<10)
