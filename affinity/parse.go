@@ -154,16 +154,17 @@ type parser struct {
 
 	key     keyWriter
 	prompt  promptKind
+	genText bool  // /generate had a text string, which wins over input_ids
+	text    int64 // prompt text bytes, as sent less a byte per backslash
+	ids     int64 // token ids
+	idBytes int64 // bytes of JSON the ids took, to estimate ids past the head
+
 	// defs are a chat's tool definitions, tools and then functions as the chat template writes them:
 	// where their JSON lies in s (end == start when absent or null). defsText is their length, and
 	// messagesAt where the messages' value starts (-1 when not seen), to key them behind the defs.
 	defs       [2]span
 	defsText   int64
 	messagesAt int
-	genText bool  // /generate had a text string, which wins over input_ids
-	text    int64 // prompt text bytes, as sent less a byte per backslash
-	ids     int64 // token ids
-	idBytes int64 // bytes of JSON the ids took, to estimate ids past the head
 
 	stream                           bool
 	declared                         int64
@@ -629,7 +630,9 @@ func (p *parser) toolDefs(d *span) bool {
 	return ok
 }
 
-func (p *parser) defsSeen() bool { return p.defs[0].end > p.defs[0].start || p.defs[1].end > p.defs[1].start }
+func (p *parser) defsSeen() bool {
+	return p.defs[0].end > p.defs[0].start || p.defs[1].end > p.defs[1].start
+}
 
 // keyBehindDefs keys the chat's prompt again as the template writes it: the tool definitions, each
 // followed by 0, then the messages, which the first pass keyed alone wherever the fields stood. The
