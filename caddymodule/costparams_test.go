@@ -59,11 +59,11 @@ func TestCostParamsFollowRecentPromptSizes(t *testing.T) {
 	}
 }
 
-// A request the worker cannot hold counts as holding nothing there: SGLang refuses a request whose
-// prompt and output are more than its rank holds, at once. A max_tokens of 2^63-1, or a Content-Length
-// of 2^62 where the body is not read, overflowed the totals sent (output x size, the squares), and the
-// first set the mean output size, which prices every worker's admission, to 9.2e16 tokens: some 3,000
-// requests more before it was back under a thousand.
+// A request counts as the worker holds it: nothing where SGLang refuses its prompt (a prompt of the
+// rank's pool less 6 tokens or more), its output cut to what the rank holds beside the prompt. A
+// max_tokens of 2^63-1, or a Content-Length of 2^62 where the body is not read, overflowed the totals
+// sent (output x size, the squares), and the first set the mean output size, which prices every
+// worker's admission, to 9.2e16 tokens: some 3,000 requests more before it was back under a thousand.
 func TestClaimedSizesCountAsTheWorkerHoldsThem(t *testing.T) {
 	const rankPool = 65536
 	for _, v := range []struct {
@@ -71,7 +71,7 @@ func TestClaimedSizesCountAsTheWorkerHoldsThem(t *testing.T) {
 		contentLength    int64
 		prompt, output   int64 // as the worker holds the request
 	}{
-		{"max_tokens 2^63-1", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hello"}],"max_tokens":9223372036854775807}`, 0, 0, 0},
+		{"max_tokens 2^63-1", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hello"}],"max_tokens":9223372036854775807}`, 0, 2, rankPool - 2 - 2},
 		{"Content-Length 2^62, body not read", "/v1/embeddings", `{"input":"hello"}`, 1 << 62, 0, 0},
 		{"held", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hello"}],"max_tokens":60000}`, 0, 2, 60000},
 	} {

@@ -1,6 +1,7 @@
 package caddymodule_test
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -12,10 +13,12 @@ import (
 	"github.com/caddy-sglang/caddy-sglang/sglangsim"
 )
 
-// With the cost metric, a request longer than a worker's KV pool holds goes to a worker that holds
-// it: the small worker would refuse it (as SGLang does, 400). One that no worker holds gets a worker's
-// own refusal, not a proxy error, and with affinity its prompt is not recorded as cached there. With
-// affinity too, whichever worker a prompt's home is.
+// With the cost metric, a request whose prompt is too long for a worker's KV pool goes to a worker that
+// takes it: the small worker would refuse it, as SGLang does (400). An output longer than a worker
+// holds beside the prompt does not keep the request away: SGLang cuts max_new_tokens to fit, and the
+// worker answers. One that no worker takes gets a worker's own refusal, not a proxy error, and with
+// affinity its prompt is not recorded as cached there. With affinity too, whichever worker a prompt's
+// home is.
 func TestCostMetricSendsARequestWhereItFits(t *testing.T) {
 	for _, policy := range []string{"metric cost", "affinity prefix"} {
 		t.Run(strings.ReplaceAll(policy, " ", "_"), func(t *testing.T) { testSentWhereItFits(t, policy) })
@@ -35,23 +38,33 @@ func testSentWhereItFits(t *testing.T, policy string) {
 
 	send := func(body string) (int, string) {
 		t.Helper()
-		resp, err := http.Post("http://127.0.0.1:9080/generate", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-			t.Fatal(err)
-		}
-		return resp.StatusCode, resp.Header.Get(sglangsim.HeaderWorker)
+		code, by, _ := sendGenerate(t, body)
+		return code, by
 	}
-	// 3,000 prompt tokens and 2,000 output: 5,000, past the small worker's 4,096. One document, so that
-	// with affinity every request after the first has a home.
-	long := `{"text":"` + strings.Repeat("a long shared document. ", 100) + `","prompt_tokens":3000,"sampling_params":{"max_new_tokens":2000}}`
+	// 5,000 prompt tokens: past what the small worker's 4,096 take (4,090). One document, so that with
+	// affinity every request after the first has a home.
+	long := `{"text":"` + strings.Repeat("a long shared document. ", 100) + `","prompt_tokens":5000,"sampling_params":{"max_new_tokens":16}}`
 	for i := range 20 {
 		code, by := send(long)
 		if code != http.StatusOK || by != "large" {
 			t.Fatalf("request %d: status %d from %q, want 200 from the large worker", i, code, by)
+		}
+	}
+	// 3,000 prompt tokens and 2,000 output: the small worker answers with the output cut to 1,094.
+	for i := range 10 {
+		code, by, answer := sendGenerate(t, `{"text":"a question","prompt_tokens":3000,"sampling_params":{"max_new_tokens":2000}}`)
+		want := map[string]int64{"small": 1094, "large": 2000}[by]
+		if code != http.StatusOK || answer.MetaInfo.CompletionTokens != want {
+			t.Fatalf("request %d of 3,000 + 2,000 tokens: status %d from %q, %d tokens, want 200 and %d", i, code, by, answer.MetaInfo.CompletionTokens, want)
+		}
+	}
+	// A client that asks for as long an answer as can be: no worker holds a million tokens, every one
+	// takes the prompt and cuts the output to what it holds. Each answers; none refuses.
+	for i := range 10 {
+		code, by, answer := sendGenerate(t, `{"text":"a question","prompt_tokens":100,"sampling_params":{"max_new_tokens":1000000}}`)
+		want := map[string]int64{"small": 3994, "large": 65434}[by]
+		if code != http.StatusOK || answer.MetaInfo.CompletionTokens != want {
+			t.Fatalf("request %d of 100 + 1,000,000 tokens: status %d from %q, %d tokens, want 200 and %d", i, code, by, answer.MetaInfo.CompletionTokens, want)
 		}
 	}
 	// Requests that both hold still go to both.
@@ -85,4 +98,29 @@ func testSentWhereItFits(t *testing.T, policy string) {
 	if after := blocks(); after != before {
 		t.Errorf("prompt blocks recorded per worker %v after a request no worker holds, want %v as before", after, before)
 	}
+}
+
+// generateAnswer is what a test reads of a /generate answer.
+type generateAnswer struct {
+	MetaInfo struct {
+		CompletionTokens int64 `json:"completion_tokens"`
+	} `json:"meta_info"`
+}
+
+// sendGenerate posts body to /generate through the test's Caddy; it returns the status, the worker
+// that answered, and the answer as far as it is one.
+func sendGenerate(t *testing.T, body string) (int, string, generateAnswer) {
+	t.Helper()
+	resp, err := http.Post("http://127.0.0.1:9080/generate", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a generateAnswer
+	_ = json.Unmarshal(b, &a) // a refusal is not an answer: zero
+	return resp.StatusCode, resp.Header.Get(sglangsim.HeaderWorker), a
 }

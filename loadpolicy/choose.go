@@ -60,7 +60,7 @@ func compareFloat(a, b float64) int {
 	}
 	d, tol := a-b, 1e-9*max(math.Abs(a), math.Abs(b))
 	if tol > math.MaxFloat64 {
-		tol = 0 // an infinite cost (a request the worker cannot hold) is dearer than any finite one
+		tol = 0 // an infinite cost (a request the worker refuses) is dearer than any finite one
 	}
 	return isTrue(d > tol) - isTrue(d < -tol)
 }
@@ -152,9 +152,9 @@ func window(n int, at func(int) (Candidate, bool), intn func(int) int) (int, boo
 	return cheapest(intn(n), WindowSize, n, at, intn)
 }
 
-// neitherHolds reports, for the cost metric, that neither candidate can hold the request (both priced
-// +Inf): power_of_two then looks for one that can in a window.
-func neitherHolds(metric Metric, a, b *Candidate) bool {
+// neitherAdmits reports, for the cost metric, that neither candidate takes the request (both priced
+// +Inf): power_of_two then looks for one that does in a window.
+func neitherAdmits(metric Metric, a, b *Candidate) bool {
 	return metric.cost && math.IsInf(a.Cost, 1) && math.IsInf(b.Cost, 1)
 }
 
@@ -303,7 +303,7 @@ func powerOfTwo(metric Metric, n int, at func(int) (Candidate, bool), intn func(
 		if !metric.usable(&a) && !metric.usable(&b) {
 			break // only a full pass can tell whether any candidate has loads, or the caller falls back
 		}
-		if neitherHolds(metric, &a, &b) {
+		if neitherAdmits(metric, &a, &b) {
 			return window(n, at, intn)
 		}
 		return better(metric, [2]int{i, j}, &a, &b, intn), true
@@ -341,7 +341,7 @@ func powerOfTwoScan(metric Metric, n int, at func(int) (Candidate, bool), intn f
 		return -1, false
 	case available == 1:
 		return pick[0], true
-	case neitherHolds(metric, &cand[0], &cand[1]):
+	case neitherAdmits(metric, &cand[0], &cand[1]):
 		return window(n, at, intn)
 	}
 	return better(metric, pick, &cand[0], &cand[1], intn), true

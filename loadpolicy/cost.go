@@ -95,10 +95,24 @@ func (s *Since) setScaled(d *Since, f float64) {
 	d.SentOutput, d.SentWeighted, d.SentUncached = m(s.SentOutput), m(s.SentWeighted), m(s.SentUncached)
 }
 
-// holds reports whether the worker's largest rank holds a request of prompt and output tokens: SGLang
-// refuses a longer one. Any does where no pool is reported.
-func (w *workload) holds(prompt, output float64) bool {
-	return w.rankPool <= 0 || prompt+output <= float64(w.rankPool)
+// SGLang's limits on one request, from the pool of the rank it runs on (and the context length, which
+// reports do not carry): max_req_len is the pool less one; a prompt of max_req_len - 5 tokens or more
+// is refused at once, and max_new_tokens is cut to max_req_len - prompt - 1, so that a request holds at
+// most the pool less two. The worker's largest rank is the one that can hold the most. None applies
+// where no pool is reported.
+
+// admits reports whether the worker's largest rank takes a prompt of this many tokens at all.
+func (w *workload) admits(prompt float64) bool {
+	return w.rankPool <= 0 || prompt < float64(w.rankPool-6)
+}
+
+// heldOutput is the most output a request of an admitted prompt may have there: output, or less where
+// SGLang cuts max_new_tokens to what the rank holds.
+func (w *workload) heldOutput(prompt, output float64) float64 {
+	if w.rankPool <= 0 {
+		return output
+	}
+	return min(output, float64(w.rankPool-2)-prompt)
 }
 
 // MaxRequestTokens bounds the tokens a request claims, prompt and output each: past any model's
@@ -114,15 +128,21 @@ func (req Request) Bounded() Request {
 	return req
 }
 
-// Held is what of req the worker (nil: one not reported) holds, and whether it holds the request at
-// all. A request runs on one rank, and SGLang refuses one whose prompt and output are more than the
-// rank holds: it holds nothing, and finishes at once. Otherwise it is req, Bounded, so that one absurd
-// size neither overflows the totals sent nor weighs in the mean sizes as thousands of requests.
+// Held is what of req the worker (nil: one not reported) holds, and whether it takes the request at
+// all. A request runs on one rank: SGLang refuses a prompt too long for it, which then holds nothing
+// and finishes at once, and cuts the output it may have to what the rank holds (see admits). Otherwise
+// it is req, Bounded, its output so cut, so that one absurd size neither overflows the totals sent nor
+// weighs in the mean sizes as thousands of requests.
 func (r *Report) Held(req Request) (Request, bool) {
 	req = req.Bounded()
-	if r != nil && !r.work.holds(float64(req.PromptTokens), float64(req.OutputTokens)) {
+	if r == nil {
+		return req, true
+	}
+	prompt := float64(req.PromptTokens)
+	if !r.work.admits(prompt) {
 		return Request{}, false
 	}
+	req.OutputTokens = int64(r.work.heldOutput(prompt, float64(req.OutputTokens)))
 	return req, true
 }
 
@@ -379,8 +399,8 @@ func (r *Report) Measured() bool {
 
 // Cost is the time, in seconds, that req would take on the worker if placed there now: since says what
 // happened after the report, cached is how many of its prompt tokens the worker already holds. It
-// returns +Inf for a report the model cannot price (see Priced), and for a request whose prompt and
-// output are more than the worker's largest rank holds.
+// returns +Inf for a report the model cannot price (see Priced), and for a request whose prompt the
+// worker refuses (see admits); an output past what the worker lets the request have holds KV as cut.
 func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) float64 {
 	w := &r.work
 	if !w.has {
@@ -393,10 +413,13 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 	}
 	meanOut := atLeast(p.MeanOutputTokens, 1)
 	prompt := float64(max(req.PromptTokens, 0))
-	out := float64(max(req.OutputTokens, 1))
-	if !w.holds(prompt, out) {
-		return math.Inf(1) // refused there, or its answer cut short: any worker that holds it goes first
+	if !w.admits(prompt) {
+		return math.Inf(1) // refused there: any worker that admits it goes first
 	}
+	out := float64(max(req.OutputTokens, 1))
+	// SGLang cuts an output longer than the rank holds, and reserves it so. Its decode is priced at the
+	// length asked for, as anywhere: a worker that would cut the answer short is no faster for it.
+	held := w.heldOutput(prompt, out)
 
 	// Requests on the worker now. Of those in the report, the oldest finish first: every request that
 	// finished since is taken from them before any sent since.
@@ -456,8 +479,8 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 	var wait float64
 	finishEvery := meanOut * secondsPerToken / float64(batch)
 	if w.capacity > 0 {
-		if over := tokens + prompt + out - float64(w.capacity); over > 0 {
-			perPresent := prompt + out
+		if over := tokens + prompt + held - float64(w.capacity); over > 0 {
+			perPresent := prompt + held
 			if present > 0 {
 				perPresent = tokens / float64(present)
 			}

@@ -467,8 +467,10 @@ func TestCostFallbacks(t *testing.T) {
 	}
 }
 
-// A request whose prompt and output are more than the worker's largest rank holds is refused there:
-// priced +Inf, so that any worker that holds it goes first. Where no pool is reported it is priced.
+// SGLang refuses a prompt of the pool less 6 tokens or more, on the rank the request would run on: such
+// a request is priced +Inf, so that any worker that takes it goes first. An output past what the rank
+// holds is cut to it (max_new_tokens to the pool less 2 less the prompt), and holds KV so; its decode
+// is priced at the length asked for, as on any worker. Where no pool is reported every request is priced.
 func TestCostOfARequestTheWorkerCannotHold(t *testing.T) {
 	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 16, MeanOutputTokens: 100}
 	ranks := NewReport(time.Unix(0, 0), "", []Rank{worker(1, 0, 0, 0, 4096, 8, 0), worker(1, 0, 0, 0, 8192, 8, 0)})
@@ -479,14 +481,23 @@ func TestCostOfARequestTheWorkerCannotHold(t *testing.T) {
 		req      Request
 		infinite bool
 	}{
-		{"fits the larger rank exactly", ranks, Request{8000, 192}, false},
-		{"a token more", ranks, Request{8000, 193}, true},
-		{"prompt alone too long", ranks, Request{9000, 1}, true},
+		{"the larger rank holds it exactly", ranks, Request{8000, 190}, false},
+		{"an output past the pool", ranks, Request{8000, 5000}, false},
+		{"max_tokens 2^63-1", ranks, Request{10, math.MaxInt64}, false},
+		{"the longest prompt taken", ranks, Request{8185, 1}, false},
+		{"a token more: refused", ranks, Request{8186, 1}, true},
 		{"no pool reported", noPool, Request{1 << 40, 1 << 40}, false},
 	} {
 		if got := v.rep.Cost(v.req, 0, &Since{}, &params); math.IsInf(got, 1) != v.infinite || math.IsNaN(got) || got <= 0 {
 			t.Errorf("%s: %+v priced at %v s, want infinite %t", v.name, v.req, got, v.infinite)
 		}
+	}
+	// Cut to 190 tokens, 8,000 + 190 fit the 12,288 of the pools, so it waits for none: it costs the
+	// decode of 4,810 tokens more than a request of 190 does, at 50 tok/s alone slowed by 1 + 2/16 in a
+	// batch of 3. Held whole, 13,000 tokens would wait for 712 to be freed.
+	long, held := ranks.Cost(Request{8000, 5000}, 0, &Since{}, &params), ranks.Cost(Request{8000, 190}, 0, &Since{}, &params)
+	if want := 4810 * (1 + 2.0/16) / 50; math.Abs(long-held-want) > 1e-9 {
+		t.Errorf("an output of 5,000 cut to 190 costs %v s more than one of 190, want %v s: its decode alone", long-held, want)
 	}
 	// Dearer than any finite price, whichever comes first and however it is chosen; two infinite
 	// ones tie. Compared within a relative tolerance, they tied with every price.
@@ -647,8 +658,8 @@ func TestSendersScaleWhatWasSentSince(t *testing.T) {
 	}
 }
 
-// A request counts as its worker holds it: not at all where its largest rank cannot hold it (SGLang
-// refuses it at once), and within MaxRequestTokens where no pool is reported.
+// A request counts as its worker holds it: not at all where its largest rank refuses its prompt, its
+// output cut to what that rank holds, and within MaxRequestTokens where no pool is reported.
 func TestHeld(t *testing.T) {
 	ranks := NewReport(time.Now(), "", []Rank{worker(1, 0, 0, 0, 4096, 8, 0), worker(1, 0, 0, 0, 8192, 8, 0)})
 	noPool := NewReport(time.Now(), "", []Rank{{Running: 1, Fields: FieldRunning | FieldWaiting}})
@@ -658,9 +669,11 @@ func TestHeld(t *testing.T) {
 		req, want Request
 	}{
 		{"fits", ranks, Request{1000, 512}, Request{1000, 512}},
-		{"fits the larger rank exactly", ranks, Request{1000, 7192}, Request{1000, 7192}},
-		{"a token more: refused", ranks, Request{1000, 7193}, Request{}},
-		{"max_tokens 2^63-1: refused", ranks, Request{10, math.MaxInt64}, Request{}},
+		{"fits the larger rank exactly", ranks, Request{1000, 7190}, Request{1000, 7190}},
+		{"a token more: cut", ranks, Request{1000, 7191}, Request{1000, 7190}},
+		{"max_tokens 2^63-1: cut", ranks, Request{10, math.MaxInt64}, Request{10, 8180}},
+		{"the longest prompt taken", ranks, Request{8185, 100}, Request{8185, 5}},
+		{"a token more: refused", ranks, Request{8186, 1}, Request{}},
 		{"prompt past the pool: refused", ranks, Request{1 << 40, 256}, Request{}},
 		{"negative", ranks, Request{-5, -7}, Request{0, 0}},
 		{"no pool reported", noPool, Request{math.MaxInt64, math.MaxInt64}, Request{MaxRequestTokens, MaxRequestTokens}},

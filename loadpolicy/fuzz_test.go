@@ -9,7 +9,7 @@ import (
 // Whatever a worker reports that the decoders pass (they refuse totals past int64), the totals never
 // wrap (a huge load must not read as a small or negative one and draw the traffic), the signals are
 // finite and not negative, and a request is priced at a positive number of seconds (+Inf where the
-// report cannot price it or the worker cannot hold the request), whatever sizes the request claims.
+// report cannot price it or the worker refuses the request), whatever sizes the request claims.
 func FuzzNewReport(f *testing.F) {
 	f.Add(int64(3), int64(1), int64(700), int64(30000), int64(65536), int64(64), 0.45, 800.0, int64(2), true, int64(512), int64(256))
 	const half = math.MaxInt64 / 2
@@ -62,8 +62,8 @@ func FuzzNewReport(f *testing.F) {
 		since := Since{Elapsed: 3 * time.Second, Extra: 2, Sent: 2, SentPrompt: 1000, SentOutput: 512, SentWeighted: 512 * 1512, SentUncached: 1000}
 		// A client's sizes are its own word too: any max_tokens, a prompt from any Content-Length.
 		cost := r.Cost(Request{PromptTokens: prompt, OutputTokens: output}, 0, &since, &p)
-		holds := r.work.holds(float64(max(prompt, 0)), float64(max(output, 1)))
-		if math.IsNaN(cost) || cost <= 0 || math.IsInf(cost, 1) && r.Priced() && holds {
+		admits := r.work.admits(float64(max(prompt, 0)))
+		if math.IsNaN(cost) || cost <= 0 || math.IsInf(cost, 1) && r.Priced() && admits {
 			t.Fatalf("priced at %v s (priced: %v)", cost, r.Priced())
 		}
 	})

@@ -12,23 +12,40 @@ func (w *Worker) plan(k promptKey, prompt, maxTokens int64, dpRank, sample int) 
 	if sample > 0 { // another answer to the same prompt: a length of its own
 		digest = mix64(digest + uint64(sample))
 	}
+	// The answer's length is drawn from the client's max_tokens, then cut where SGLang cuts it: a
+	// model's answer does not know the pool.
+	capped := w.maxNewTokens(prompt, maxTokens)
 	j := job{
 		prompt:    prompt,
-		maxTokens: maxTokens,
-		output:    outputLength(w.cfg.FinishEarly, digest, prompt, maxTokens),
+		maxTokens: capped,
+		output:    min(outputLength(w.cfg.FinishEarly, digest, prompt, maxTokens), capped),
 		dpRank:    dpRank,
 	}
-	// A request over the pool is refused by submit; do not hash it into blocks first.
-	if !w.cfg.DisablePrefixCache && w.fits(prompt, maxTokens) {
+	// A prompt too long is refused by submit; do not hash it into blocks first.
+	if !w.cfg.DisablePrefixCache && w.admits(prompt) {
 		j.blocks, j.answer = k.blocks(prompt, j.output)
 	}
 	return j
 }
 
-// fits reports whether a request of these sizes fits the pool; not summed, since the sum of two
-// sizes a client sent can overflow.
-func (w *Worker) fits(prompt, maxTokens int64) bool {
-	return prompt <= w.cfg.MaxTotalTokens && maxTokens <= w.cfg.MaxTotalTokens-prompt
+// SGLang's limits on one request, from its rank's pool (the simulator has no context length):
+// max_req_len is the pool less one; a prompt of max_req_len - 5 tokens or more is refused, and
+// max_new_tokens is cut to max_req_len - prompt - 1.
+func (w *Worker) maxReqLen() int64 { return w.cfg.MaxTotalTokens - 1 }
+
+// maxInputTokens is the least prompt SGLang refuses (its max_req_input_len).
+func (w *Worker) maxInputTokens() int64 { return w.maxReqLen() - 5 }
+
+// admits reports whether a prompt of this many tokens is taken at all.
+func (w *Worker) admits(prompt int64) bool { return prompt < w.maxInputTokens() }
+
+// maxNewTokens is the output a request may have: the client's max_tokens, cut to what the rank holds
+// beside the prompt. Not past maxTokens where the prompt is refused.
+func (w *Worker) maxNewTokens(prompt, maxTokens int64) int64 {
+	if !w.admits(prompt) {
+		return maxTokens
+	}
+	return min(maxTokens, w.maxReqLen()-prompt-1)
 }
 
 // outputLength is the length of an answer: maxTokens, or with low in (0, 1) a length in

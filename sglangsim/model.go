@@ -12,8 +12,9 @@ import (
 
 // The load model, per DP rank:
 //
-//   - A KV pool of MaxTotalTokens. A request reserves its whole footprint, prompt + max_tokens, when it
-//     is admitted, and releases it when it finishes. Real SGLang grows allocations while it decodes and
+//   - A KV pool of MaxTotalTokens. As SGLang, a prompt of the pool less 6 tokens or more is refused and
+//     max_tokens is cut to the pool less 2 less the prompt (finish.go). A request reserves its whole
+//     footprint, prompt + max_tokens, when it is admitted, and releases it when it finishes. Real SGLang grows allocations while it decodes and
 //     retracts requests when it guessed wrong; reserving up front keeps the invariant a router relies
 //     on: requests queue when token_usage is near 1.
 //   - A prefix cache (unless DisablePrefixCache) in the same pool, as SGLang's radix cache: a prompt's
@@ -245,10 +246,10 @@ func (w *Worker) Close() {
 
 // submit queues a request on a rank (j.dpRank < 0: round-robin) and starts the clock if it was idle.
 func (w *Worker) submit(j job) (*request, error) {
-	if !w.fits(j.prompt, j.maxTokens) {
+	if !w.admits(j.prompt) {
 		return nil, &requestError{http.StatusBadRequest, fmt.Sprintf(
-			"request needs prompt %d + max output %d KV tokens, more than the pool of %d",
-			j.prompt, j.maxTokens, w.cfg.MaxTotalTokens)}
+			"Input length (%d tokens) exceeds the maximum allowed length (%d tokens). Use a shorter input or enable --allow-auto-truncate.",
+			j.prompt, w.maxInputTokens())}
 	}
 	if j.dpRank >= len(w.ranks) {
 		return nil, &requestError{http.StatusBadRequest, fmt.Sprintf(

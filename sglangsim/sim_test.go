@@ -3,6 +3,7 @@ package sglangsim
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"net/http"
 	"runtime"
 	"strconv"
@@ -299,13 +300,13 @@ func TestCloseReleasesWaiting(t *testing.T) {
 
 func TestClientCancelFreesKV(t *testing.T) {
 	cfg := fastConfig()
-	cfg.MaxTotalTokens = 100
+	cfg.MaxTotalTokens = 102 // a request of 50 + 50 is the most it holds (the pool less 2)
 	cfg.DecodeTokensPerSec = 0.001
 	w, base := startWorker(t, cfg)
 	ctx, cancel := context.WithCancel(t.Context())
 	run := goPost(ctx, base+"/generate", gen(50, 50))
 	wait := goPost(ctx, base+"/generate", gen(50, 50))
-	eventually(t, "pool full and one waiting", func() bool {
+	eventually(t, "one running and one waiting", func() bool {
 		l := w.Loads()[0]
 		return l.UsedTokens == 100 && l.Waiting == 1
 	})
@@ -423,9 +424,8 @@ func TestBadRequests(t *testing.T) {
 	cfg.DPRanks = 2
 	_, base := startWorker(t, cfg)
 	for _, body := range []string{
-		`{"text":"hi","prompt_tokens":90,"sampling_params":{"max_new_tokens":20}}`,
-		// Sizes whose sum overflows an int64 are past the pool too.
-		`{"text":"hi","sampling_params":{"max_new_tokens":9223372036854775807}}`,
+		// A prompt of the pool less 6 tokens or more, as SGLang refuses it.
+		`{"text":"hi","prompt_tokens":94,"sampling_params":{"max_new_tokens":1}}`,
 		`{"text":"hi","prompt_tokens":9223372036854775807,"sampling_params":{"max_new_tokens":1}}`,
 		`{"text":["a","b"]}`,
 		`{"text":"hi","prompt_tokens":1.5}`,
@@ -446,6 +446,43 @@ func TestBadRequests(t *testing.T) {
 	}
 	resp, b := do(t, "POST", base+"/v1/chat/completions", "", map[string]any{"messages": []any{}})
 	mustStatus(t, resp, b, http.StatusBadRequest)
+}
+
+// SGLang's limits on one request, on a rank of a 100-token pool: a prompt of 94 tokens or more is
+// refused with a 400 that says so; a longer output than the rank holds beside the prompt is cut to it
+// (max_new_tokens to 98 less the prompt) and ends by its length.
+func TestOutputCutToThePool(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxTotalTokens = 100
+	_, base := startWorker(t, cfg)
+	for _, v := range []struct{ prompt, maxOut, completion int64 }{
+		{1, math.MaxInt64, 97},
+		{93, 100, 5},
+		{10, 50, 50},
+	} {
+		resp, b := do(t, "POST", base+"/generate", "", gen(v.prompt, v.maxOut))
+		mustStatus(t, resp, b, http.StatusOK)
+		var g struct {
+			MetaInfo struct {
+				CompletionTokens int64 `json:"completion_tokens"`
+				FinishReason     struct {
+					Type   string `json:"type"`
+					Length int64  `json:"length"`
+				} `json:"finish_reason"`
+			} `json:"meta_info"`
+		}
+		if err := json.Unmarshal(b, &g); err != nil {
+			t.Fatal(err)
+		}
+		if m := g.MetaInfo; m.CompletionTokens != v.completion || m.FinishReason.Type != "length" || m.FinishReason.Length != v.completion {
+			t.Errorf("prompt %d, max_new_tokens %d: %d tokens, finish %+v; want %d, by length", v.prompt, v.maxOut, m.CompletionTokens, m.FinishReason, v.completion)
+		}
+	}
+	resp, b := do(t, "POST", base+"/generate", "", gen(94, 1))
+	mustStatus(t, resp, b, http.StatusBadRequest)
+	if want := "Input length (94 tokens) exceeds the maximum allowed length (94 tokens)"; !strings.Contains(string(b), want) {
+		t.Errorf("refusal %s, want it to say %q", b, want)
+	}
 }
 
 func TestAPIKey(t *testing.T) {
