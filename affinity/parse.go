@@ -40,9 +40,10 @@ type Request struct {
 	// PromptTokens estimates the prompt in the simulator's measure: a token per 4 bytes of prompt text
 	// (rounded up, at least 1), or a token per token id. Text is measured as sent, less a byte per
 	// backslash: exact for the two-byte escapes but \\ (see parser.str). Chat counts message contents,
-	// not roles, and its tool definitions (tools, functions) at the length of their JSON as sent. When the head is cut inside the prompt, the bytes past the head (from the content
-	// length, when known) count as prompt text at the same rate, unless it is cut inside a value that
-	// is not text, such as a part's base64 image. Media tokens are not counted.
+	// not roles, and its tool definitions (tools, functions) at the length of their JSON as sent. When
+	// the head is cut inside the prompt, the bytes past the head (from the content length, when known)
+	// count as prompt text at the same rate, unless it is cut inside a value that is not text, such as
+	// a part's base64 image. Media tokens are not counted.
 	PromptTokens int64
 	// MaxTokens is max_tokens (else max_completion_tokens) for OpenAI bodies and
 	// sampling_params.max_new_tokens for /generate; 0 when absent, negative or not an integer.

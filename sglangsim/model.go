@@ -14,9 +14,9 @@ import (
 //
 //   - A KV pool of MaxTotalTokens. As SGLang, a prompt of the pool less 6 tokens or more is refused and
 //     max_tokens is cut to the pool less 2 less the prompt (finish.go). A request reserves its whole
-//     footprint, prompt + max_tokens, when it is admitted, and releases it when it finishes. Real SGLang grows allocations while it decodes and
-//     retracts requests when it guessed wrong; reserving up front keeps the invariant a router relies
-//     on: requests queue when token_usage is near 1.
+//     footprint, prompt + max_tokens, when it is admitted, and releases it when it finishes. Real
+//     SGLang grows allocations while it decodes and retracts requests when it guessed wrong; reserving
+//     up front keeps the invariant a router relies on: requests queue when token_usage is near 1.
 //   - A prefix cache (unless DisablePrefixCache) in the same pool, as SGLang's radix cache: a prompt's
 //     whole 16-token blocks (cache.go) become cached once the request has prefilled them, and its
 //     answer's blocks (as a client would resend it) once the answer is complete. A request
