@@ -115,9 +115,18 @@ func sharedPrefixWorkload(seed int64, rate float64, s sharedPrefixShape) []job {
 	for g := range systems {
 		systems[g] = nonce(seed, g) + text(rnd, s.systemTokens-len(nonce(seed, g))/bytesPerToken)
 	}
-	order := make([]int, 0, s.groups*s.questions)
-	for g := range s.groups {
-		for range s.questions {
+	return interleaved(rnd, rate, s.groups, s.questions, s.outputTokens, func(g int) job {
+		return job{messages: []message{{"system", systems[g]}, {"user", text(rnd, s.questionTokens)}}}
+	})
+}
+
+// interleaved is questions requests of each of groups groups, the groups interleaved at random, at
+// Poisson arrivals of rate, all streamed (TTFT is measured on each), of outputTokens at most; ask makes
+// group g's next request, its messages and tools.
+func interleaved(rnd *rand.Rand, rate float64, groups, questions, outputTokens int, ask func(g int) job) []job {
+	order := make([]int, 0, groups*questions)
+	for g := range groups {
+		for range questions {
 			order = append(order, g)
 		}
 	}
@@ -126,8 +135,10 @@ func sharedPrefixWorkload(seed int64, rate float64, s sharedPrefixShape) []job {
 	var at time.Duration
 	for i, g := range order {
 		at += time.Duration(rnd.ExpFloat64() / rate * float64(time.Second))
-		jobs[i] = job{index: i, at: at, stream: true, maxTokens: s.outputTokens, group: g, pick: rnd.Float64(),
-			messages: []message{{"system", systems[g]}, {"user", text(rnd, s.questionTokens)}}}
+		pick := rnd.Float64() // before ask's draws, as when each job was one literal
+		j := ask(g)
+		j.index, j.at, j.stream, j.maxTokens, j.group, j.pick = i, at, true, outputTokens, g, pick
+		jobs[i] = j
 	}
 	return jobs
 }
@@ -161,21 +172,9 @@ func toolsWorkload(seed int64, rate float64, s toolsShape) []job {
 	for a := range tools {
 		tools[a] = toolDefinitions(rnd, nonce(seed, a), s.toolTokens)
 	}
-	order := make([]int, 0, s.apps*s.questions)
-	for a := range s.apps {
-		for range s.questions {
-			order = append(order, a)
-		}
-	}
-	rnd.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
-	jobs := make([]job, len(order))
-	var at time.Duration
-	for i, a := range order {
-		at += time.Duration(rnd.ExpFloat64() / rate * float64(time.Second))
-		jobs[i] = job{index: i, at: at, stream: true, maxTokens: s.outputTokens, group: a, pick: rnd.Float64(),
-			messages: []message{{"user", text(rnd, s.questionTokens)}}, tools: tools[a]}
-	}
-	return jobs
+	return interleaved(rnd, rate, s.apps, s.questions, s.outputTokens, func(a int) job {
+		return job{messages: []message{{"user", text(rnd, s.questionTokens)}}, tools: tools[a]}
+	})
 }
 
 // sessionShape is a multi-turn chat workload: sessions start at Poisson arrivals; each turn resends the

@@ -108,12 +108,20 @@ func TestToolsWorkload(t *testing.T) {
 	if len(tools) != s.apps || len(firstBlocks) != s.apps {
 		t.Fatalf("%d applications, %d distinct first blocks of tools; want %d", len(tools), len(firstBlocks), s.apps)
 	}
-	// The measured ideal equals the formula: every question but each application's first finds its tools.
+	// Every question but each application's first finds its tools.
+	checkIdeal(t, jobs, s.questions, s.toolTokens, s.questionTokens)
+}
+
+// checkIdeal checks that the measured ideal hit rate of jobs, groups of questions that share their
+// first shared tokens, each followed by question tokens of its own, equals the formula: every question
+// but each group's first finds the shared part cached.
+func checkIdeal(t *testing.T, jobs []job, questions, shared, question int) {
+	t.Helper()
 	c := newIdealCache()
 	for _, j := range jobs {
 		c.add(j.tools, j.messages)
 	}
-	want := float64(s.questions-1) / float64(s.questions) * float64(s.toolTokens) / float64(s.toolTokens+s.questionTokens)
+	want := float64(questions-1) / float64(questions) * float64(shared) / float64(shared+question)
 	if math.Abs(c.rate()-want) > 1e-9 {
 		t.Fatalf("ideal hit rate %.6f, want %.6f", c.rate(), want)
 	}
@@ -166,15 +174,8 @@ func TestSharedPrefixWorkload(t *testing.T) {
 	if adjacent > len(jobs)/8 {
 		t.Fatalf("%d of %d neighbours share a group: not interleaved", adjacent, len(jobs))
 	}
-	// The measured ideal equals the formula: every question but each group's first finds its system prompt.
-	c := newIdealCache()
-	for _, j := range jobs {
-		c.add(j.tools, j.messages)
-	}
-	want := float64(s.questions-1) / float64(s.questions) * float64(s.systemTokens) / float64(s.systemTokens+s.questionTokens)
-	if math.Abs(c.rate()-want) > 1e-9 {
-		t.Fatalf("ideal hit rate %.6f, want %.6f", c.rate(), want)
-	}
+	// Every question but each group's first finds its system prompt.
+	checkIdeal(t, jobs, s.questions, s.systemTokens, s.questionTokens)
 }
 
 func TestSessionWorkload(t *testing.T) {
