@@ -95,7 +95,7 @@ func Parse(path string, head []byte, complete bool, contentLength int64, dst *Re
 	if p.bad || p.cut && complete {
 		return
 	}
-	if p.defsSeen() {
+	if p.defsBytes() > 0 {
 		p.keyBehindDefs()
 	}
 	dst.Shape = shape
@@ -124,7 +124,7 @@ func Parse(path string, head []byte, complete bool, contentLength int64, dst *Re
 			}
 			dst.PromptTokens = max(1, p.ids)
 		} else {
-			dst.PromptTokens = max(1, (p.text+p.defsText+rest+bytesPerToken-1)/bytesPerToken)
+			dst.PromptTokens = max(1, (p.text+p.defsBytes()+rest+bytesPerToken-1)/bytesPerToken)
 		}
 	}
 	dst.Blocks = p.key.blocks
@@ -161,10 +161,9 @@ type parser struct {
 	idBytes int64 // bytes of JSON the ids took, to estimate ids past the head
 
 	// defs are a chat's tool definitions, tools and then functions as the chat template writes them:
-	// where their JSON lies in s (end == start when absent or null). defsText is their length, and
-	// messagesAt where the messages' value starts (-1 when not seen), to key them behind the defs.
+	// where their JSON lies in s (end == start when absent or null); messagesAt is where the messages'
+	// value starts (-1 when not seen), to key them behind the defs.
 	defs       [2]span
-	defsText   int64
 	messagesAt int
 
 	stream                           bool
@@ -609,7 +608,6 @@ type span struct {
 // counts their JSON as sent as prompt text: a head that ends inside them ends inside the prompt. As
 // the simulator takes them: null is none, any other value counts.
 func (p *parser) toolDefs(d *span) bool {
-	p.defsText -= int64(d.end - d.start)
 	*d = span{start: p.i, end: p.i}
 	var ok bool
 	p.inPrompt = true
@@ -627,12 +625,12 @@ func (p *parser) toolDefs(d *span) bool {
 	}
 	p.inPrompt = false
 	d.end, d.whole = p.i, ok
-	p.defsText += int64(d.end - d.start)
 	return ok
 }
 
-func (p *parser) defsSeen() bool {
-	return p.defs[0].end > p.defs[0].start || p.defs[1].end > p.defs[1].start
+// defsBytes is the length of the tool definitions' JSON as sent (in the head): prompt text.
+func (p *parser) defsBytes() int64 {
+	return int64(p.defs[0].end - p.defs[0].start + p.defs[1].end - p.defs[1].start)
 }
 
 // keyBehindDefs keys the chat's prompt again as the template writes it: the tool definitions, each
