@@ -21,13 +21,15 @@ import (
 // cache still keys on the text, each of its blocks standing for a share of prompt_tokens in proportion
 // (see promptKey.blocks). The output is max_tokens (chat and completions; also max_completion_tokens) or
 // sampling_params.max_new_tokens (/generate) tokens, default 128, or fewer with Config.FinishEarly.
-// n (sampling_params.n for /generate) asks for that many answers, at most maxSamples: as SGLang does,
+// n (sampling_params.n for /generate) asks for that many answers, at most MaxSamples: as SGLang does,
 // the prompt is prefilled once, and the answers decode side by side on its rank, each as a request.
 const (
 	defaultMaxOut = 128
 	maxBodyBytes  = 64 << 20
-	maxSamples    = 128
 )
+
+// MaxSamples is the most answers (n) a request may ask for.
+const MaxSamples = 128
 
 // HeaderWorker names the worker on every generate and chat response; HeaderQueueTime carries the
 // seconds the request waited for admission and HeaderFirstTokenTime the seconds from its arrival to its
@@ -393,8 +395,8 @@ func (w *Worker) newCall(k promptKey, estimate int64, o sizeOverrides, maxTokens
 	}
 	samples := int64(1)
 	if n != nil {
-		if *n < 1 || *n > maxSamples {
-			return call{}, badRequest("n must be in [1, %d], got %d", maxSamples, *n)
+		if *n < 1 || *n > MaxSamples {
+			return call{}, badRequest("n must be in [1, %d], got %d", MaxSamples, *n)
 		}
 		samples = *n
 	}

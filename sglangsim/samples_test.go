@@ -121,7 +121,7 @@ func TestSamplesWireShapes(t *testing.T) {
 		t.Errorf("completions stream: texts %v, usage %+v", text, usage)
 	}
 
-	for _, n := range []int{0, -1, maxSamples + 1} {
+	for _, n := range []int{0, -1, MaxSamples + 1} {
 		resp, b := do(t, "POST", base+"/v1/chat/completions", "", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "hi"}}, "n": n})
 		mustStatus(t, resp, b, http.StatusBadRequest)
 		if !strings.Contains(string(b), "n must be in [1, 128]") {

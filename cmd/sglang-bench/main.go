@@ -24,6 +24,8 @@ import (
 	"os/signal"
 	"runtime/pprof"
 	"syscall"
+
+	"github.com/caddy-sglang/caddy-sglang/sglangsim"
 )
 
 func main() {
@@ -109,8 +111,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if q.samplesShare < 0 || q.samplesShare > 1 {
 		return fmt.Errorf("-samples-share %g: want a share in [0, 1]", q.samplesShare)
 	}
-	if q.samples < 1 || q.samples > 128 {
-		return fmt.Errorf("-samples %d: want 1 to 128, as the simulator takes", q.samples)
+	if q.samples < 1 || q.samples > sglangsim.MaxSamples {
+		return fmt.Errorf("-samples %d: want 1 to %d, as the simulator takes", q.samples, sglangsim.MaxSamples)
 	}
 	ns, err := parseInts("instances", *instances)
 	if err != nil {
