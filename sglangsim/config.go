@@ -31,6 +31,13 @@ type Config struct {
 	// shorter), from a hash of the request's prompt and sizes, so a request gets the same length on every
 	// worker and in every run. 0 (the default) or 1: every answer has max_tokens tokens.
 	FinishEarly float64
+	// SGLangAdmission admits and retracts requests as SGLang's scheduler does (admission.go): a request
+	// takes KV for its prompt when admitted and for each token as it decodes, and is admitted on a guess
+	// of how much of their max_tokens the running requests will use; when the guess was wrong, requests
+	// are retracted and prefilled again later. num_used_tokens then counts the KV in use, as SGLang's
+	// does. By default a request reserves its prompt and its whole max_tokens when admitted, so it is
+	// never retracted and num_used_tokens counts the reservations.
+	SGLangAdmission bool
 	// APIKey, when set, is required as "Authorization: Bearer <key>" on the load and generate routes
 	// (not on /health and /metrics, as in SGLang).
 	APIKey string

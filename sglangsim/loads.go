@@ -186,7 +186,7 @@ func (w *Worker) loadsBody(loads []RankLoad, sec sections, now time.Time) loadsJ
 			}
 		}
 		if sec.queues {
-			r.Queues = &queuesJSON{Waiting: l.Waiting}
+			r.Queues = &queuesJSON{Waiting: l.Waiting, Retracted: l.Retracted}
 		}
 		body.Loads[i] = r
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,9 +15,9 @@ import (
 //
 //   - A KV pool of MaxTotalTokens. As SGLang, a prompt of the pool less 6 tokens or more is refused and
 //     max_tokens is cut to the pool less 2 less the prompt (finish.go). A request reserves its whole
-//     footprint, prompt + max_tokens, when it is admitted, and releases it when it finishes. Real
-//     SGLang grows allocations while it decodes and retracts requests when it guessed wrong; reserving
-//     up front keeps the invariant a router relies on: requests queue when token_usage is near 1.
+//     footprint, prompt + max_tokens, when it is admitted, and releases it when it finishes: requests
+//     queue when token_usage is near 1. With SGLangAdmission it allocates as it decodes, is admitted on
+//     SGLang's guess of what the running requests will still use, and may be retracted (admission.go).
 //   - A prefix cache (unless DisablePrefixCache) in the same pool, as SGLang's radix cache: a prompt's
 //     whole 16-token blocks (cache.go) become cached once the request has prefilled them, and its
 //     answer's blocks (as a client would resend it) once the answer is complete. A request
@@ -94,6 +95,7 @@ type request struct {
 	prefillLeft  float64 // prompt tokens still to prefill
 	gen          float64 // output tokens generated, fractional
 	waitUncached int64   // its share of num_waiting_uncached_tokens while queued
+	waitPrompt   int64   // its share of the queued prompt tokens while queued
 	cached       int64   // prompt tokens the prefix cache covered at admission
 	private      int64   // KV tokens reserved for it alone: what its held cache blocks do not cover
 	pins         []*cacheEntry
@@ -135,6 +137,11 @@ type rank struct {
 	waitingPrompt   int64 // prompt tokens of queued requests
 	waitingUncached int64 // of those, the ones the cache did not cover on arrival
 	peakUsed        int64
+	// SGLang's admission (admission.go): its guess at the share of the running requests' remaining
+	// output they will use, whether this step retracted requests, and how many it has retracted.
+	newTokenRatio float64
+	retractedNow  bool
+	retracted     int64
 
 	promptTokens, cachedTokens int64   // over admitted requests
 	againTokens                int64   // of their uncached prompt tokens, the ones the cache held once and evicted
@@ -211,7 +218,7 @@ func New(cfg Config) *Worker {
 	w := &Worker{cfg: cfg.withDefaults(), start: time.Now()}
 	w.ranks = make([]*rank, w.cfg.DPRanks)
 	for i := range w.ranks {
-		w.ranks[i] = &rank{id: i}
+		w.ranks[i] = &rank{id: i, newTokenRatio: initNewTokenRatio}
 	}
 	w.handler = w.routes()
 	return w
@@ -282,9 +289,22 @@ func (w *Worker) submit(j job) (*request, error) {
 // queue puts r at the end of the rank's waiting queue, arrived at now.
 func (rk *rank) queue(r *request, now time.Time) {
 	r.rank, r.enqueued = rk, now
-	r.waitUncached = r.prompt - prefixTokens(r.blocks[:rk.cache.match(r.blocks)])
 	rk.waiting = append(rk.waiting, r)
-	rk.waitingPrompt += r.prompt
+	rk.counted(r)
+}
+
+// requeue puts a retracted request back at the head of the queue, where it waits to prefill its
+// prompt and the output it had.
+func (rk *rank) requeue(r *request) {
+	rk.waiting = slices.Insert(rk.waiting, 0, r)
+	rk.counted(r)
+}
+
+// counted adds queued r to the rank's queued tokens.
+func (rk *rank) counted(r *request) {
+	r.waitPrompt = r.extend(0)
+	r.waitUncached = r.extend(prefixTokens(r.blocks[:rk.cache.match(r.blocks)]))
+	rk.waitingPrompt += r.waitPrompt
 	rk.waitingUncached += r.waitUncached
 }
 
@@ -303,7 +323,7 @@ func (w *Worker) abort(r *request) {
 				break
 			}
 		}
-		rk.waitingPrompt -= r.prompt
+		rk.waitingPrompt -= r.waitPrompt
 		rk.waitingUncached -= r.waitUncached
 	default:
 		for i, q := range rk.running {
@@ -387,9 +407,15 @@ func (w *Worker) step(now time.Time) {
 
 func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64) {
 	if len(rk.running) == 0 {
+		rk.newTokenRatio = initNewTokenRatio // idle: SGLang starts its guess again
 		w.admit(rk, now)
 		return
 	}
+	speedIn := func(batch int) float64 { return w.cfg.DecodeTokensPerSec / (1 + float64(batch-1)/batchSlowdown) }
+	// room is the KV tokens decoding may still allocate this step; -1: no bound.
+	room := w.decodeRoom(rk, func(r *request, batch int) int64 {
+		return int64(math.Min(r.gen+speedIn(batch)*dt, float64(r.output))) - r.emitted.Load()
+	})
 	decoding := 0
 	for _, r := range rk.running {
 		if r.state == stateDecode {
@@ -398,11 +424,27 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 	}
 	var speed float64
 	if decoding > 0 {
-		speed = w.cfg.DecodeTokensPerSec / (1 + float64(decoding-1)/batchSlowdown)
+		speed = speedIn(decoding)
 	}
 	budget := dt * w.cfg.PrefillTokensPerSec
 	var produced int64
 	var prefilled float64
+	// emit records r's output reaching gen tokens, within the room left.
+	emit := func(r *request, gen float64) {
+		if room >= 0 {
+			gen = math.Min(gen, float64(r.emitted.Load()+room))
+		}
+		r.gen = gen
+		if e, old := int64(r.gen), r.emitted.Load(); e > old {
+			r.emitted.Store(e)
+			produced += e - old
+			w.grow(rk, r, e-old)
+			if room >= 0 {
+				room -= e - old
+			}
+			r.poke()
+		}
+	}
 	kept := rk.running[:0]
 	for _, r := range rk.running {
 		switch r.state {
@@ -413,22 +455,18 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 			prefilled += use
 			if r.prefillLeft <= 0 {
 				rk.hold(r, r.blocks[len(r.pins):])
-				r.state, r.firstToken = stateDecode, now
-				if r.output > 0 {
-					r.gen = 1
-					r.emitted.Store(1)
-					produced++
+				r.state = stateDecode
+				if r.firstToken.IsZero() { // not back from a retraction: prefill yields the first token
+					r.firstToken = now
+					if r.output > 0 {
+						emit(r, 1)
+					}
+					close(r.started)
+					r.poke()
 				}
-				close(r.started)
-				r.poke()
 			}
 		case stateDecode:
-			r.gen = math.Min(r.gen+speed*dt, float64(r.output))
-			if e, old := int64(r.gen), r.emitted.Load(); e > old {
-				r.emitted.Store(e)
-				produced += e - old
-				r.poke()
-			}
+			emit(r, math.Min(r.gen+speed*dt, float64(r.output)))
 		}
 		if r.state == stateDecode && r.emitted.Load() >= r.output {
 			rk.hold(r, r.answer)
@@ -442,6 +480,11 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 	}
 	clear(rk.running[len(kept):])
 	rk.running = kept
+	if decoding > 0 {
+		rk.decayNewTokenRatio(speed * dt)
+	}
+	rk.cache.evict(rk.used() + rk.cache.evictable - w.cfg.MaxTotalTokens)
+	rk.peakUsed = max(rk.peakUsed, rk.used())
 	rk.prefilled += prefilled
 	rk.prefillBusy += prefilled / w.cfg.PrefillTokensPerSec
 	rk.win.add(at, float64(produced), dt)
@@ -455,24 +498,26 @@ func (w *Worker) admit(rk *rank, now time.Time) {
 		r := rk.waiting[0]
 		hit := r.blocks[:rk.cache.match(r.blocks)]
 		cached := prefixTokens(hit)
-		private := r.prompt - cached + r.maxTokens
-		// Holding the hit blocks turns their evictable tokens into used ones.
-		if rk.used()+rk.cache.evictableIn(hit)+private > w.cfg.MaxTotalTokens {
+		private, ok := w.admission(rk, r, hit, cached)
+		if !ok {
 			return
 		}
 		rk.waiting[0] = nil
 		rk.waiting = rk.waiting[1:]
-		rk.waitingPrompt -= r.prompt
+		rk.waitingPrompt -= r.waitPrompt
 		rk.waitingUncached -= r.waitUncached
 		r.pins = rk.cache.pin(hit, len(r.blocks)+len(r.answer))
-		r.cached, r.private = cached, private
+		r.private = private
 		rk.private += private
 		rk.cache.evict(rk.used() + rk.cache.evictable - w.cfg.MaxTotalTokens)
 		rk.peakUsed = max(rk.peakUsed, rk.used())
-		rk.promptTokens += r.prompt
-		rk.cachedTokens += cached
-		rk.againTokens += rk.cache.goneIn(r.blocks[len(hit):])
-		r.state, r.admitted, r.prefillLeft = statePrefill, now, float64(r.prompt-cached)
+		r.state, r.prefillLeft = statePrefill, float64(r.extend(cached))
+		if r.admitted.IsZero() { // a retracted request is counted once, when first admitted
+			r.cached, r.admitted = cached, now
+			rk.promptTokens += r.prompt
+			rk.cachedTokens += cached
+			rk.againTokens += rk.cache.goneIn(r.blocks[len(hit):])
+		}
 		rk.running = append(rk.running, r)
 	}
 	if len(rk.waiting) == 0 {
@@ -494,6 +539,7 @@ type RankLoad struct {
 	GenThroughput         float64 // output tokens/s over the last second, 2 decimals
 	CacheHitRate          float64 // cached / prompt tokens over every admitted request, 4 decimals
 	Utilization           float64 // fraction of the last second with a non-empty batch, 4 decimals
+	Retracted             int     // queues.retracted: of the waiting requests, the ones retracted (SGLangAdmission)
 	CacheTokens           int64   // tokens in the prefix cache, held or evictable (not on the wire)
 	PrefillUncachedTokens int64   // total_prefill_uncached_tokens: prompt tokens prefilled since start
 	PrefillBusyMicros     int64   // total_prefill_busy_us: microseconds the prefill stream was busy
@@ -512,6 +558,12 @@ func (w *Worker) loadsLocked(now time.Time) []RankLoad {
 	for i, rk := range w.ranks {
 		tput, busy := rk.win.rates(at)
 		q := rk.prefillQueue(w.cfg.MaxPrefillTokens)
+		retracted := 0
+		for _, r := range rk.waiting {
+			if !r.admitted.IsZero() {
+				retracted++
+			}
+		}
 		used := rk.used() - q.private
 		var hitRate float64
 		if rk.promptTokens > 0 {
@@ -530,6 +582,7 @@ func (w *Worker) loadsLocked(now time.Time) []RankLoad {
 			GenThroughput:         round(tput, 2),
 			CacheHitRate:          hitRate,
 			Utilization:           round(busy, 4),
+			Retracted:             retracted,
 			CacheTokens:           rk.cache.tokens(),
 			PrefillUncachedTokens: int64(math.Round(rk.prefilled)),
 			PrefillBusyMicros:     int64(math.Round(rk.prefillBusy * 1e6)),
@@ -588,7 +641,10 @@ type Stats struct {
 	// PrefilledAgainTokens are the prompt tokens of admitted requests that the cache held once and had
 	// evicted: the hit rate that eviction cost.
 	PrefilledAgainTokens int64
-	Loads                []RankLoad
+	// Retracted counts the requests taken out of the running batch to be prefilled again later, over
+	// all ranks; only with SGLangAdmission.
+	Retracted int64
+	Loads     []RankLoad
 }
 
 // Stats returns the worker's counters and current loads.
@@ -603,6 +659,7 @@ func (w *Worker) Stats() Stats {
 		s.PrefilledTokens += s.Loads[i].PrefillUncachedTokens
 		s.EvictedTokens += rk.cache.evicted
 		s.PrefilledAgainTokens += rk.againTokens
+		s.Retracted += rk.retracted
 	}
 	s.PeakTokenUsage = round(float64(s.PeakUsedTokens)/float64(w.cfg.MaxTotalTokens), 4)
 	return s

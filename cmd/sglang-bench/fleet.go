@@ -32,8 +32,15 @@ func workerConfig(i int) sglangsim.Config {
 // benchSimOptions sets the simulator options every benchmark fleet runs with: answers end early, their
 // real length drawn from the request content between 0.3x and 1x max_tokens, so no policy is judged on
 // perfect foresight; the prefix cache stays on (its default): the quality workload's prompts are unique
-// from their first token.
-func benchSimOptions(c *sglangsim.Config) { c.FinishEarly = 0.3 }
+// from their first token; SGLang's admission with -sglang-admission.
+func benchSimOptions(c *sglangsim.Config) {
+	c.FinishEarly = 0.3
+	c.SGLangAdmission = sglangAdmission
+}
+
+// sglangAdmission runs every fleet with the simulator's SGLang admission (-sglang-admission): KV
+// allocated as it is decoded, admission on a guess, retraction when the guess was wrong.
+var sglangAdmission bool
 
 // fleet is one set of simulated workers on loopback, with what the bench measures on them from outside
 // the wire: load polls per worker, and KV use sampled while a run is on.
@@ -175,6 +182,14 @@ func (f *fleet) eviction() (evicted, again int64) {
 		evicted, again = evicted+s.EvictedTokens, again+s.PrefilledAgainTokens
 	}
 	return evicted, again
+}
+
+// retracted is the requests the fleet's workers retracted, to prefill them again later.
+func (f *fleet) retracted() (n int64) {
+	for _, w := range f.workers {
+		n += w.Stats().Retracted
+	}
+	return n
 }
 
 // pollCounts is each worker's count of load polls answered so far.

@@ -120,6 +120,7 @@ type armResult struct {
 	hit, ideal                  float64       // cached / prompt tokens: the fleet's, and one unlimited cache's
 	evicted, again              float64       // cached tokens the fleet evicted, and prompt tokens it prefilled again after evicting them, / prompt tokens
 	kvMean, kvPeak, pollsPerSec []float64     // per worker
+	retracted                   float64       // requests retracted by the workers (-sglang-admission), / requests
 	seconds                     float64       // the run's length, over which pollsPerSec counts
 	routing                     routingCounts // summed over the arm's Caddy instances, from start to end
 	speeds                      string        // the speeds the first Caddy instance holds per worker at the end
@@ -269,6 +270,7 @@ func summarise(a *arm, name string, begin time.Time, polls0 []int64) armResult {
 	r.p50, r.p90, r.p99 = quantile(lat, 0.5), quantile(lat, 0.9), quantile(lat, 0.99)
 	r.ttftMean, r.ttft50, r.ttft90, r.ttft99 = mean(ttft), quantile(ttft, 0.5), quantile(ttft, 0.9), quantile(ttft, 0.99)
 	r.kvMean, r.kvPeak = a.fleet.kv()
+	r.retracted = float64(a.fleet.retracted()) / float64(max(r.requests, 1))
 	r.seconds = time.Since(begin).Seconds()
 	for i, p := range a.fleet.pollCounts() {
 		r.pollsPerSec = append(r.pollsPerSec, float64(p-polls0[i])/r.seconds)

@@ -110,7 +110,12 @@ func fleetLine(portBase int) string {
 	if portBase != 0 {
 		ports = fmt.Sprintf("on fixed ports from %d (-fleet-ports), a block per seed and arm", portBase)
 	}
-	return "Workers: " + strings.Join(names, ", ") + "; " + ports + "."
+	admission := "each request reserves its prompt and whole max_tokens when admitted"
+	if sglangAdmission {
+		admission = "admitting as SGLang does (-sglang-admission): KV allocated as decoded, admission on a guess of " +
+			"the output to come, requests retracted when it was wrong"
+	}
+	return "Workers: " + strings.Join(names, ", ") + "; " + admission + "; " + ports + "."
 }
 
 const spreadLegend = "Every figure is the median over seeds with its range (min..max) in brackets. A ratio is computed seed by " +
@@ -291,7 +296,12 @@ func kvTable(b *strings.Builder, sr seedResults) {
 	for _, l := range workerLabels() {
 		fmt.Fprintf(b, " %s |", l)
 	}
-	b.WriteString("\n|---|" + strings.Repeat("---:|", len(workerScales)) + "\n")
+	columns := len(workerScales)
+	if sglangAdmission {
+		b.WriteString(" retracted ÷ requests |")
+		columns++
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---:|", columns) + "\n")
 	for i, name := range sr.policies {
 		fmt.Fprintf(b, "| %s |", name)
 		for w := range workerScales {
@@ -300,6 +310,13 @@ func kvTable(b *strings.Builder, sr seedResults) {
 				m, p = append(m, r.kvMean[w]), append(p, r.kvPeak[w])
 			}
 			fmt.Fprintf(b, " %.0f%% / %.0f%% |", spreadOf(m).med*100, spreadOf(p).med*100)
+		}
+		if sglangAdmission {
+			var rt []float64
+			for _, r := range sr.byPolicy[i] {
+				rt = append(rt, r.retracted)
+			}
+			fmt.Fprintf(b, " %s |", spreadOf(rt).format(3))
 		}
 		b.WriteString("\n")
 	}

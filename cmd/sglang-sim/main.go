@@ -41,6 +41,7 @@ type options struct {
 	legacyShape                   bool
 	prefixCache, prefillCounters  bool
 	finishEarly                   float64
+	sglangAdmission               bool
 	apiKey, listen, version       string
 	allowRemote                   bool
 	statsEvery, shutdownTimeout   time.Duration
@@ -66,6 +67,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.BoolVar(&o.legacyShape, "legacy-shape", false, "answer /v1/loads in the early-2026 shape (dp_rank_count, aggregate, num_total_reqs)")
 	fs.BoolVar(&o.prefixCache, "prefix-cache", true, "keep a prefix cache per DP rank (16-token blocks, LRU); -prefix-cache=false prefills every prompt token")
 	fs.BoolVar(&o.prefillCounters, "prefill-counters", true, "send total_prefill_uncached_tokens and total_prefill_busy_us in /v1/loads; false acts as an older SGLang")
+	fs.BoolVar(&o.sglangAdmission, "sglang-admission", false, "admit as SGLang does: KV allocated as decoded, admission on a guess of the output to come, requests retracted when it was wrong; default: each request reserves its prompt and whole max_tokens")
 	fs.Float64Var(&o.finishEarly, "finish-early", 0, "end answers early: each length drawn in [f*max_tokens, max_tokens] from a hash of the request; 0 disables")
 	fs.StringVar(&o.apiKey, "api-key", "", "require Authorization: Bearer <key> on load and generate routes")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1", "host to listen on")
@@ -155,6 +157,7 @@ func run(ctx context.Context, args []string, output io.Writer, ready chan<- []*s
 			DisablePrefixCache:  !o.prefixCache,
 			OmitPrefillCounters: !o.prefillCounters,
 			FinishEarly:         o.finishEarly,
+			SGLangAdmission:     o.sglangAdmission,
 			APIKey:              o.apiKey,
 			Version:             o.version,
 		})
@@ -174,9 +177,9 @@ func run(ctx context.Context, args []string, output io.Writer, ready chan<- []*s
 		if s.grpcAddr != "" {
 			grpcInfo = " grpc " + s.grpcAddr
 		}
-		logger.Printf("worker %s listening on http://%s%s capacity=%d dp_ranks=%d max_running=%d decode=%g tok/s legacy_shape=%t prefix_cache=%t finish_early=%g",
+		logger.Printf("worker %s listening on http://%s%s capacity=%d dp_ranks=%d max_running=%d decode=%g tok/s legacy_shape=%t prefix_cache=%t finish_early=%g sglang_admission=%t",
 			w.Name, s.httpAddr, grpcInfo, w.MaxTotalTokens, w.DPRanks, w.MaxRunningRequests, w.DecodeTokensPerSec, w.LegacyShape,
-			!w.DisablePrefixCache, w.FinishEarly)
+			!w.DisablePrefixCache, w.FinishEarly, w.SGLangAdmission)
 		s.w.Faults().OnDown(func(d time.Duration) { go s.bounce(d) })
 	}
 	if ready != nil {

@@ -1,0 +1,100 @@
+package sglangsim
+
+import (
+	"testing"
+	"time"
+)
+
+// With SGLang's admission a worker whose running request has decoded a while admits on a guess of
+// what it will still use, where reserving every max_tokens admits one; the KV it reports is what is
+// in use. When the guess proves wrong, requests are retracted, prefilled again and still answered in
+// full, and the pool is never over capacity.
+func TestSGLangAdmissionGuessesAndRetracts(t *testing.T) {
+	const pool = 10000
+	for _, sglang := range []bool{false, true} {
+		w, now := handDriven(t, Config{PrefillTokensPerSec: 1e9, DecodeTokensPerSec: 100, MaxTotalTokens: pool, SGLangAdmission: sglang})
+		rk := w.ranks[0]
+		first := queueByHand(w, sized(1000, 5000), now)
+		w.admit(rk, now)
+		now = now.Add(time.Millisecond)
+		w.step(now) // prefilled: its first token
+		for range 6 {
+			now = now.Add(time.Second)
+			w.step(now) // alone at 100 tokens/s: 600 decode steps, the guess down to its least
+		}
+		emitted := first.emitted.Load()
+		wantUsed, wantAdmitted := int64(1000+5000), 1 // the reservation: 6,000 of 10,000 held
+		if sglang {
+			// In use: the prompt and the output so far. The guess for the running request is its
+			// remaining output (at most 4,096) × 0.098; the five requests of 1,000 + 2,000 sum to
+			// used + guess + 3,000 = 1,601 + 401 + 3,000, then 2,601 + 597 + 3,000, 3,601 + 793,
+			// 4,601 + 989, 5,601 + 1,185 (9,786), all under 10,000; a sixth reads 10,982.
+			wantUsed, wantAdmitted = 1000+emitted, 5
+		}
+		if emitted != 601 || rk.newTokenRatio != minNewTokenRatio && sglang {
+			t.Fatalf("sglang %t: first emitted %d, ratio %g", sglang, emitted, rk.newTokenRatio)
+		}
+		if got := w.loadsLocked(now)[0].UsedTokens; got != wantUsed {
+			t.Errorf("sglang %t: used %d, want %d", sglang, got, wantUsed)
+		}
+		var rest []*request
+		for range 8 {
+			rest = append(rest, queueByHand(w, sized(1000, 2000), now))
+		}
+		w.admit(rk, now)
+		if got := len(rk.running) - 1; got != wantAdmitted {
+			t.Errorf("sglang %t: %d more admitted, want %d", sglang, got, wantAdmitted)
+		}
+
+		all := append([]*request{first}, rest...)
+		firstTokens := map[*request]time.Time{}
+		var sawRetracted int
+		retractedFirst := false
+		for step := 0; step < 10000 && w.served < int64(len(all)); step++ {
+			now = now.Add(50 * time.Millisecond)
+			w.step(now)
+			if used := rk.used(); used+rk.cache.evictable > pool {
+				t.Fatalf("sglang %t: %d used and %d evictable in a pool of %d", sglang, used, rk.cache.evictable, pool)
+			}
+			sawRetracted = max(sawRetracted, w.loadsLocked(now)[0].Retracted)
+			for _, r := range all {
+				if r.state == stateWaiting && !r.admitted.IsZero() && r == first {
+					retractedFirst = true
+				}
+				if ft, ok := firstTokens[r]; !ok && !r.firstToken.IsZero() {
+					firstTokens[r] = r.firstToken
+				} else if ok && !r.firstToken.Equal(ft) {
+					t.Fatalf("sglang %t: a request's first token moved from %v to %v", sglang, ft, r.firstToken)
+				}
+			}
+		}
+		for i, r := range all {
+			if r.state != stateDone || r.err != nil || r.emitted.Load() != r.output {
+				t.Fatalf("sglang %t: request %d: state %d, err %v, %d of %d tokens", sglang, i, r.state, r.err, r.emitted.Load(), r.output)
+			}
+		}
+		w.step(now.Add(time.Millisecond))
+		if rk.newTokenRatio != initNewTokenRatio {
+			t.Errorf("sglang %t: idle ratio %g, want %g", sglang, rk.newTokenRatio, initNewTokenRatio)
+		}
+		handBack(w)
+		s := w.Stats()
+		prompts := int64(len(all)) * 1000
+		if !sglang {
+			if s.Retracted != 0 || s.PrefilledTokens != prompts || sawRetracted != 0 {
+				t.Errorf("reserving: %d retracted, %d prefilled of %d prompt tokens", s.Retracted, s.PrefilledTokens, prompts)
+			}
+		} else {
+			// Each retracted request prefills its prompt again, and the output it had.
+			if s.Retracted == 0 || sawRetracted == 0 || s.PrefilledTokens < prompts+s.Retracted*1000 {
+				t.Errorf("%d retracted (%d seen waiting), %d prefilled of %d prompt tokens", s.Retracted, sawRetracted, s.PrefilledTokens, prompts)
+			}
+			if retractedFirst {
+				t.Error("the request with the most output was retracted")
+			}
+		}
+		if s.PeakUsedTokens > pool || s.PromptTokens != prompts {
+			t.Errorf("sglang %t: peak %d, prompt tokens %d", sglang, s.PeakUsedTokens, s.PromptTokens)
+		}
+	}
+}
