@@ -51,6 +51,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	rates := fs.String("rates", "", "mean arrival rates, requests/s (Poisson), comma list (default: quality 8,24; replicas 24; affinity 4,8)")
 	fs.IntVar(&q.requests, "requests", 2000, "requests per policy and seed (affinity: at most this many of each workload)")
 	fs.Float64Var(&q.samplesShare, "samples-share", 0, "quality: this share of the requests ask for -samples answers each (n); 0: none")
+	fs.Float64Var(&q.outputScale, "output-scale", 1, "quality: max_tokens of every request times this (long answers, as a reasoning model's)")
 	fs.IntVar(&q.samples, "samples", 4, "quality: answers asked for (n) by the -samples-share of requests")
 	fs.BoolVar(&sglangAdmission, "sglang-admission", false, "quality, replicas, affinity: the simulated workers admit as SGLang does (KV allocated as decoded, admission on a guess of the output to come, retraction when it was wrong); default: each request reserves its prompt and whole max_tokens")
 	fs.IntVar(&q.fleetPorts, "fleet-ports", 20000, "quality, replicas, affinity: the simulated workers listen on fixed loopback ports from this one on (a block per seed and arm, below the ephemeral range), so a rerun draws the same homes for the same prefixes; 0: any free ports")
@@ -111,6 +112,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if q.samplesShare < 0 || q.samplesShare > 1 {
 		return fmt.Errorf("-samples-share %g: want a share in [0, 1]", q.samplesShare)
+	}
+	if !(q.outputScale > 0 && q.outputScale <= 64) {
+		return fmt.Errorf("-output-scale %g: want a factor in (0, 64]", q.outputScale)
 	}
 	if q.samples < 1 || q.samples > sglangsim.MaxSamples {
 		return fmt.Errorf("-samples %d: want 1 to %d, as the simulator takes", q.samples, sglangsim.MaxSamples)

@@ -25,6 +25,8 @@ type qualityOptions struct {
 	// samplesShare of the quality workload's requests ask for samples answers each (n).
 	samplesShare float64
 	samples      int
+	// outputScale multiplies the quality workload's max_tokens.
+	outputScale float64
 }
 
 // parallelLoad is the offered load, in requests/s summed over every arm, that the machine carries at about
@@ -368,7 +370,8 @@ func runQuality(ctx context.Context, o qualityOptions, stdout, stderr io.Writer)
 		cpu0 := markCPU()
 		res, err := runSeeds(ctx, o.caddy, singleInstance(ps), o.seedsAtOnce(rate, len(ps)), o.fleetPorts, o.seeds,
 			func(seed int64) []job {
-				return withSamples(qualityWorkload(seed, rate, o.requests), seed, o.samplesShare, o.samples)
+				jobs := withSamples(qualityWorkload(seed, rate, o.requests), seed, o.samplesShare, o.samples)
+				return withOutputScale(jobs, o.outputScale)
 			}, stderr, fmt.Sprintf("%g/s", rate))
 		if err != nil {
 			return err

@@ -136,7 +136,7 @@ func qualityMarkdown(o qualityOptions, runs []qualityRun, total cpuUse) string {
 	fmt.Fprintf(&b, "Workload: %d requests per policy and seed, Poisson arrivals; %.0f%% short (prompt %d, max_tokens %d), "+
 		"%.0f%% long (prompt %d, max_tokens %d); %.0f%% streamed; %seach prompt unique from its first token. Seeds %v. %s "+
 		"All policies of a seed run at once, each with its own Caddy and its own workers, sent the same requests at the same moments.\n\n",
-		o.requests, (1-longShare)*100, shortPrompt, shortOutput, longShare*100, longPrompt, longOutput, streamShare*100,
+		o.requests, (1-longShare)*100, shortPrompt, scaledOutput(shortOutput, o.outputScale), longShare*100, longPrompt, scaledOutput(longOutput, o.outputScale), streamShare*100,
 		samplesLine(o), o.seeds, fleetLine(o.fleetPorts))
 	fmt.Fprintf(&b, "CPU, whole run: %s.\n\n", total)
 	b.WriteString(spreadLegend)

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"hash/fnv"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -95,6 +96,23 @@ func withSamples(jobs []job, seed int64, share float64, n int) []job {
 		}
 	}
 	return jobs
+}
+
+// withOutputScale multiplies every job's max_tokens by k (-output-scale): the same arrivals and prompts,
+// longer answers, as a reasoning model's.
+func withOutputScale(jobs []job, k float64) []job {
+	for i := range jobs {
+		jobs[i].maxTokens = scaledOutput(jobs[i].maxTokens, k)
+	}
+	return jobs
+}
+
+// scaledOutput is max_tokens out times k; a k of 0 or 1 leaves it.
+func scaledOutput(out int, k float64) int {
+	if k <= 0 || k == 1 {
+		return out
+	}
+	return max(1, int(math.Round(float64(out)*k)))
 }
 
 // sharedPrefixShape is SGLang bench_serving's generated-shared-prefix dataset: groups of questions that

@@ -316,3 +316,27 @@ func TestWithSamples(t *testing.T) {
 		t.Errorf("%d of 2000 jobs ask for 4 answers, want about 200", asked)
 	}
 }
+
+// -output-scale multiplies max_tokens and changes nothing else of the jobs.
+func TestWithOutputScale(t *testing.T) {
+	plain := qualityWorkload(3, 24, 500)
+	for _, c := range []struct {
+		k           float64
+		short, long int
+	}{{1, shortOutput, longOutput}, {8, 512, 4096}, {0.5, 32, 256}, {0.001, 1, 1}} {
+		jobs := withOutputScale(qualityWorkload(3, 24, 500), c.k)
+		for i, j := range jobs {
+			want := c.short
+			if j.long {
+				want = c.long
+			}
+			if j.maxTokens != want {
+				t.Fatalf("k %g, job %d: max_tokens %d, want %d", c.k, i, j.maxTokens, want)
+			}
+			j.maxTokens = plain[i].maxTokens
+			if fmt.Sprint(j) != fmt.Sprint(plain[i]) {
+				t.Fatalf("k %g, job %d changed beyond its max_tokens", c.k, i)
+			}
+		}
+	}
+}
