@@ -106,6 +106,10 @@ func (w *workload) admits(prompt float64) bool {
 	return w.rankPool <= 0 || prompt < float64(w.rankPool-6)
 }
 
+// admittedOutputTokens is the most output SGLang counts when it admits a request
+// (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION).
+const admittedOutputTokens = 4096
+
 // heldOutput is the most output a request of an admitted prompt may have there: output, or less where
 // SGLang cuts max_new_tokens to what the rank holds.
 func (w *workload) heldOutput(prompt, output float64) float64 {
@@ -476,11 +480,14 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 	// Admission: a full KV pool or batch admits the request only as running ones finish. A finishing
 	// request frees its tokens after meanOut output tokens; the batch produces batch/secondsPerToken
 	// tokens a second, so it frees a request every meanOut x secondsPerToken / batch seconds.
+	// SGLang admits a request for its prompt and at most admittedOutputTokens of its output; the rest
+	// it allocates as the request decodes.
 	var wait float64
 	finishEvery := meanOut * secondsPerToken / float64(batch)
 	if w.capacity > 0 {
-		if over := tokens + prompt + held - float64(w.capacity); over > 0 {
-			perPresent := prompt + held
+		admitted := prompt + min(held, admittedOutputTokens)
+		if over := tokens + admitted - float64(w.capacity); over > 0 {
+			perPresent := admitted
 			if present > 0 {
 				perPresent = tokens / float64(present)
 			}

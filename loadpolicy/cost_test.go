@@ -499,6 +499,15 @@ func TestCostOfARequestTheWorkerCannotHold(t *testing.T) {
 	if want := 4810 * (1 + 2.0/16) / 50; math.Abs(long-held-want) > 1e-9 {
 		t.Errorf("an output of 5,000 cut to 190 costs %v s more than one of 190, want %v s: its decode alone", long-held, want)
 	}
+	// SGLang admits a request for its prompt and at most 4,096 of its output. Beside 8,000 tokens in use
+	// of 16,384, a prompt of 1,000 and an output of 8,000 is admitted at once (8,000 + 1,000 + 4,096),
+	// as one of 4,096 is: it costs the decode of 3,904 tokens more, at 50 tok/s alone slowed by
+	// 1 + 1/16 in a batch of 2. Counted whole, 17,000 tokens would wait for 616 to be freed.
+	half := NewReport(time.Unix(0, 0), "", []Rank{worker(1, 0, 0, 8000, 16384, 8, 0)})
+	longer, clipped := half.Cost(Request{1000, 8000}, 0, &Since{}, &params), half.Cost(Request{1000, 4096}, 0, &Since{}, &params)
+	if want := 3904 * (1 + 1.0/16) / 50; math.Abs(longer-clipped-want) > 1e-9 {
+		t.Errorf("an output of 8,000 costs %v s more than one of 4,096, want %v s: its decode alone", longer-clipped, want)
+	}
 	// Dearer than any finite price, whichever comes first and however it is chosen; two infinite
 	// ones tie. Compared within a relative tolerance, they tied with every price.
 	for _, costs := range [][2]float64{{math.Inf(1), 5e6}, {5e6, math.Inf(1)}} {

@@ -97,7 +97,7 @@ type request struct {
 	waitUncached int64   // its share of num_waiting_uncached_tokens while queued
 	waitPrompt   int64   // its share of the queued prompt tokens while queued
 	cached       int64   // prompt tokens the prefix cache covered at admission
-	private      int64   // KV tokens reserved for it alone: what its held cache blocks do not cover
+	private      int64   // KV tokens reserved (allocated, with SGLangAdmission) for it alone: what its held cache blocks do not cover
 	pins         []*cacheEntry
 
 	enqueued, admitted, firstToken, finished time.Time
