@@ -1,8 +1,14 @@
 package sglangsim
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/caddy-sglang/caddy-sglang/grpcload/schedulerpb"
 )
 
 // With SGLang's admission a worker whose running request has decoded a while admits on a guess of
@@ -96,5 +102,43 @@ func TestSGLangAdmissionGuessesAndRetracts(t *testing.T) {
 		if s.PeakUsedTokens > pool || s.PromptTokens != prompts {
 			t.Errorf("sglang %t: peak %d, prompt tokens %d", sglang, s.PeakUsedTokens, s.PromptTokens)
 		}
+	}
+}
+
+// The waiting requests that were retracted are reported in queues.retracted, over HTTP and gRPC.
+func TestRetractedOnTheWire(t *testing.T) {
+	w, now := handDriven(t, Config{PrefillTokensPerSec: 1e9, DecodeTokensPerSec: 100, MaxTotalTokens: 10000, SGLangAdmission: true})
+	rk := w.ranks[0]
+	queueByHand(w, sized(1000, 5000), now)
+	w.admit(rk, now)
+	for range 7 {
+		now = now.Add(time.Second)
+		w.step(now)
+	}
+	for range 8 {
+		queueByHand(w, sized(1000, 2000), now)
+	}
+	retracted := 0
+	for step := 0; step < 1000 && retracted == 0; step++ {
+		now = now.Add(50 * time.Millisecond)
+		w.step(now)
+		retracted = w.loadsLocked(now)[0].Retracted
+	}
+	handBack(w) // the clock stays still until a request arrives
+	if retracted == 0 {
+		t.Fatal("no request retracted")
+	}
+	srv := httptest.NewServer(w.Handler())
+	t.Cleanup(srv.Close)
+	resp, b := get(t, srv.URL+"/v1/loads?include=queues")
+	var l wireLoads
+	decodeStrict(t, b, &l)
+	if resp.StatusCode != http.StatusOK || len(l.Loads) != 1 || l.Loads[0].Queues == nil || l.Loads[0].Queues.Retracted != retracted ||
+		l.Loads[0].Queues.Waiting != l.Loads[0].NumWaitingReqs {
+		t.Fatalf("HTTP: %d %s, want %d retracted", resp.StatusCode, b, retracted)
+	}
+	g, code := getLoads(t, startGRPC(t, w), &schedulerpb.GetLoadsRequest{Include: []string{"queues"}})
+	if code != codes.OK || len(g.GetLoads()) != 1 || g.GetLoads()[0].GetQueues().GetRetracted() != int32(retracted) {
+		t.Fatalf("gRPC: %v %v, want %d retracted", g, code, retracted)
 	}
 }
