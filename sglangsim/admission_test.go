@@ -142,3 +142,56 @@ func TestRetractedOnTheWire(t *testing.T) {
 		t.Fatalf("gRPC: %v %v, want %d retracted", g, code, retracted)
 	}
 }
+
+// Whatever requests arrive and however the clock moves, a rank never holds more than its pool, its
+// counts never go below zero, and every request is answered in full; with SGLang's admission too,
+// where requests that share prefixes are retracted and admitted again. Each 3 bytes of the input are
+// a request: its prompt (sharing blocks with others of its family), its max_tokens and answer, and
+// how far the clock moves after it.
+func FuzzAdmission(f *testing.F) {
+	f.Add(false, []byte{10, 200, 3, 40, 250, 9, 90, 255, 1, 3, 30, 200})
+	f.Add(true, []byte{10, 200, 3, 40, 250, 9, 90, 255, 1, 3, 30, 200})
+	f.Add(true, []byte{255, 255, 255, 254, 253, 0, 1, 1, 1, 128, 255, 64, 200, 255, 2, 201, 255, 2})
+	const pool = 8192
+	f.Fuzz(func(t *testing.T, sglang bool, in []byte) {
+		w, now := handDriven(t, Config{PrefillTokensPerSec: 1e5, DecodeTokensPerSec: 2000, MaxTotalTokens: pool, MaxRunningRequests: 8, SGLangAdmission: sglang})
+		defer handBack(w)
+		rk := w.ranks[0]
+		check := func(when string) {
+			if rk.used()+rk.cache.evictable > pool || rk.private < 0 || rk.cache.pinned < 0 || rk.waitingPrompt < 0 || rk.waitingUncached < 0 {
+				t.Fatalf("%s: used %d (private %d, pinned %d), evictable %d, queued %d / %d uncached", when,
+					rk.used(), rk.private, rk.cache.pinned, rk.cache.evictable, rk.waitingPrompt, rk.waitingUncached)
+			}
+		}
+		var all []*request
+		for i := 0; i+2 < len(in) && len(all) < 200; i += 3 {
+			prompt := 1 + int64(in[i])*31 // up to 7,906 tokens: the longest prompt taken is pool - 7
+			family, maxTokens := uint64(in[i]%4), 1+int64(in[i+1])*40
+			j := job{prompt: prompt, maxTokens: min(maxTokens, pool-2-prompt), dpRank: -1}
+			j.output = max(1, j.maxTokens*int64(in[i+2]%4+1)/4)
+			for end := int64(16); end <= prompt-1; end += 16 {
+				j.blocks = append(j.blocks, block{hash: family<<32 | uint64(end), tokens: 16})
+			}
+			all = append(all, queueByHand(w, j, now))
+			w.admit(rk, now)
+			check("admitted")
+			now = now.Add(time.Duration(in[i+2]) * time.Millisecond)
+			w.step(now)
+			check("stepped")
+		}
+		for step := 0; step < 100000 && w.served < int64(len(all)); step++ {
+			now = now.Add(20 * time.Millisecond)
+			w.step(now)
+			check("draining")
+		}
+		for i, r := range all {
+			if r.state != stateDone || r.err != nil || r.emitted.Load() != r.output {
+				t.Fatalf("request %d (prompt %d, max %d): state %d, err %v, %d of %d tokens", i, r.prompt, r.maxTokens, r.state, r.err, r.emitted.Load(), r.output)
+			}
+		}
+		if rk.private != 0 || rk.cache.pinned != 0 || rk.waitingPrompt != 0 || rk.waitingUncached != 0 || len(rk.waiting) != 0 {
+			t.Fatalf("idle rank holds: private %d, pinned %d, queued %d / %d uncached, %d waiting",
+				rk.private, rk.cache.pinned, rk.waitingPrompt, rk.waitingUncached, len(rk.waiting))
+		}
+	})
+}
