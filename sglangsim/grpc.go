@@ -97,7 +97,7 @@ func (g *grpcServer) GetLoads(ctx context.Context, req *schedulerpb.GetLoadsRequ
 			}
 		}
 		if sec.queues {
-			pl.Queues = &schedulerpb.QueueMetrics{Waiting: clamp32(int64(l.Waiting)), Retracted: clamp32(int64(l.Retracted))}
+			pl.Queues = &schedulerpb.QueueMetrics{Waiting: clamp32(int64(l.Waiting)), Retracted: clamp32(l.Retracted)}
 		}
 		resp.Loads[i] = pl
 	}

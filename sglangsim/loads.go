@@ -186,7 +186,7 @@ func (w *Worker) loadsBody(loads []RankLoad, sec sections, now time.Time) loadsJ
 			}
 		}
 		if sec.queues {
-			r.Queues = &queuesJSON{Waiting: l.Waiting, Retracted: l.Retracted}
+			r.Queues = &queuesJSON{Waiting: l.Waiting, Retracted: int(l.Retracted)}
 		}
 		body.Loads[i] = r
 	}

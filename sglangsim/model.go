@@ -163,9 +163,10 @@ func prefixTokens(blocks []block) int64 {
 
 // window keeps decode output and busy time over the last second in 100 ms buckets.
 type window struct {
-	idx    [windowBuckets]int64 // bucket number + 1; 0 marks an empty slot
-	tokens [windowBuckets]float64
-	busy   [windowBuckets]float64 // seconds with a non-empty batch
+	idx       [windowBuckets]int64 // bucket number + 1; 0 marks an empty slot
+	tokens    [windowBuckets]float64
+	busy      [windowBuckets]float64 // seconds with a non-empty batch
+	retracted [windowBuckets]int64
 }
 
 const (
@@ -173,26 +174,28 @@ const (
 	bucketLen     = time.Second / windowBuckets
 )
 
-func (w *window) add(at time.Duration, tokens, busy float64) {
+func (w *window) add(at time.Duration, tokens, busy float64, retracted int64) {
 	b := int64(at/bucketLen) + 1
 	s := b % windowBuckets
 	if w.idx[s] != b {
-		w.idx[s], w.tokens[s], w.busy[s] = b, 0, 0
+		w.idx[s], w.tokens[s], w.busy[s], w.retracted[s] = b, 0, 0, 0
 	}
 	w.tokens[s] += tokens
 	w.busy[s] += busy
+	w.retracted[s] += retracted
 }
 
-// rates returns tokens per second and the busy fraction over the last second.
-func (w *window) rates(at time.Duration) (tokensPerSec, busy float64) {
+// rates returns tokens per second, the busy fraction and the requests retracted over the last second.
+func (w *window) rates(at time.Duration) (tokensPerSec, busy float64, retracted int64) {
 	cur := int64(at/bucketLen) + 1
 	for s := range w.idx {
 		if b := w.idx[s]; b > cur-windowBuckets && b <= cur {
 			tokensPerSec += w.tokens[s]
 			busy += w.busy[s]
+			retracted += w.retracted[s]
 		}
 	}
-	return tokensPerSec, math.Min(busy, 1)
+	return tokensPerSec, math.Min(busy, 1), retracted
 }
 
 // Worker is one simulated SGLang server. It is safe for concurrent use.
@@ -413,6 +416,7 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 	}
 	speedIn := func(batch int) float64 { return w.cfg.DecodeTokensPerSec / (1 + float64(batch-1)/batchSlowdown) }
 	// room is the KV tokens decoding may still allocate this step; -1: no bound.
+	retracted := rk.retracted
 	room := w.decodeRoom(rk, func(r *request, batch int) int64 {
 		return int64(math.Min(r.gen+speedIn(batch)*dt, float64(r.output))) - r.emitted.Load()
 	})
@@ -487,7 +491,7 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 	rk.peakUsed = max(rk.peakUsed, rk.used())
 	rk.prefilled += prefilled
 	rk.prefillBusy += prefilled / w.cfg.PrefillTokensPerSec
-	rk.win.add(at, float64(produced), dt)
+	rk.win.add(at, float64(produced), dt, rk.retracted-retracted)
 	w.admit(rk, now)
 }
 
@@ -539,7 +543,7 @@ type RankLoad struct {
 	GenThroughput         float64 // output tokens/s over the last second, 2 decimals
 	CacheHitRate          float64 // cached / prompt tokens over every admitted request, 4 decimals
 	Utilization           float64 // fraction of the last second with a non-empty batch, 4 decimals
-	Retracted             int     // queues.retracted: of the waiting requests, the ones retracted (SGLangAdmission)
+	Retracted             int64   // queues.retracted: requests retracted over the last second (SGLangAdmission)
 	CacheTokens           int64   // tokens in the prefix cache, held or evictable (not on the wire)
 	PrefillUncachedTokens int64   // total_prefill_uncached_tokens: prompt tokens prefilled since start
 	PrefillBusyMicros     int64   // total_prefill_busy_us: microseconds the prefill stream was busy
@@ -556,14 +560,8 @@ func (w *Worker) loadsLocked(now time.Time) []RankLoad {
 	at := now.Sub(w.start)
 	out := make([]RankLoad, len(w.ranks))
 	for i, rk := range w.ranks {
-		tput, busy := rk.win.rates(at)
+		tput, busy, retracted := rk.win.rates(at)
 		q := rk.prefillQueue(w.cfg.MaxPrefillTokens)
-		retracted := 0
-		for _, r := range rk.waiting {
-			if !r.admitted.IsZero() {
-				retracted++
-			}
-		}
 		used := rk.used() - q.private
 		var hitRate float64
 		if rk.promptTokens > 0 {
