@@ -227,6 +227,32 @@ func TestDemo(t *testing.T) {
 		}
 	})
 
+	// -sglang-admission: the workers run so, every request succeeds, and the table counts each worker's
+	// retracted requests, which add up in the total row.
+	t.Run("sglang admission", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+		defer cancel()
+		cmd, _, text := runDemo(t, ctx, bin, 30, "-concurrency", "8", "-sglang-admission")
+		if !strings.Contains(text, "prompt cached  retracted\n") {
+			t.Errorf("no retracted column")
+		}
+		sum := 0
+		for i := range workers {
+			row := tableRow(text, workerAddrOf(cmd, i))
+			if row == nil {
+				t.Fatalf("no table row for worker %d", i)
+			}
+			n, err := strconv.Atoi(row[len(row)-1])
+			if err != nil {
+				t.Fatalf("row %q: retracted %q", row, row[len(row)-1])
+			}
+			sum += n
+		}
+		if all := tableRow(text, "all"); all == nil || all[len(all)-1] != strconv.Itoa(sum) {
+			t.Errorf("total row %q, want %d retracted", all, sum)
+		}
+	})
+
 	t.Run("interrupted", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 		defer cancel()

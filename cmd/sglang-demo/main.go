@@ -63,6 +63,7 @@ type options struct {
 	affinity                        bool   // turn on affinity prefix in the Caddyfile
 	metric                          string // the Caddyfile's sglang_load metric, when set
 	sharedPrompts                   int    // system prompts the requests share; 0: none
+	sglangAdmission                 bool   // the workers admit as SGLang does
 }
 
 func parseFlags(args []string, output io.Writer) (options, error) {
@@ -92,6 +93,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.DurationVar(&o.grace, "grace", 5*time.Second, "on shutdown, how long a process may take after SIGTERM before SIGKILL")
 	fs.BoolVar(&o.affinity, "affinity", false, "turn on `affinity prefix` in the Caddyfile's lb_policy sglang_load block (its metric line dropped: affinity prices with the cost metric); requests share 32 system prompts unless -shared-prompts says otherwise")
 	fs.StringVar(&o.metric, "metric", "", "set the `metric` of the Caddyfile's lb_policy sglang_load block, e.g. cost (its choose line dropped, so the metric's own default choice applies)")
+	fs.BoolVar(&o.sglangAdmission, "sglang-admission", false, "the simulated workers admit as SGLang does (sglang-sim -sglang-admission): KV allocated as decoded, admission on a guess of the output to come, requests retracted when it was wrong; the table then counts the retracted")
 	fs.IntVar(&o.sharedPrompts, "shared-prompts", 0, fmt.Sprintf("requests share one of this many system prompts of %d tokens, sent as text so the workers' prefix caches can hit (0: none)", systemPromptTokens))
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -242,10 +244,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	}()
 	fmt.Fprintf(stdout, "Starting %d simulated SGLang workers and Caddy (caddy run --config %s)\n", workers, config)
 	for i := range workers {
-		c, err := startChild(fmt.Sprintf("sim-%d", i), dir, o.sim, "-count", "1",
-			"-base-port", strconv.Itoa(o.workerPort+i),
-			"-capacity", strconv.Itoa(o.capacities[i]),
-			"-decode-speed", strconv.FormatFloat(o.speeds[i], 'g', -1, 64))
+		args := []string{"-count", "1", "-base-port", strconv.Itoa(o.workerPort + i),
+			"-capacity", strconv.Itoa(o.capacities[i]), "-decode-speed", strconv.FormatFloat(o.speeds[i], 'g', -1, 64)}
+		if o.sglangAdmission {
+			args = append(args, "-sglang-admission")
+		}
+		c, err := startChild(fmt.Sprintf("sim-%d", i), dir, o.sim, args...)
 		if err != nil {
 			return err
 		}
@@ -356,7 +360,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		}
 		fmt.Fprintf(stdout, "failed: %s\n\n", strings.Join(where, ", "))
 	}
-	printTable(stdout, rows, unknown)
+	printTable(stdout, rows, unknown, o.sglangAdmission)
 	fmt.Fprintln(stdout)
 	fmt.Fprint(stdout, <-midway)
 	if failed > 0 {

@@ -91,23 +91,33 @@ type workerRow struct {
 	statsErr       error
 }
 
-// printTable writes one row per worker and a total.
-func printTable(w io.Writer, rows []*workerRow, unknown int) {
+// printTable writes one row per worker and a total; with retracted, the requests each worker
+// retracted (-sglang-admission).
+func printTable(w io.Writer, rows []*workerRow, unknown int, retracted bool) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "worker\tKV pool\tdecode\trequests\tlong\tp50\tp99\tpeak KV use\tserved\tprompt cached")
+	header := "worker\tKV pool\tdecode\trequests\tlong\tp50\tp99\tpeak KV use\tserved\tprompt cached"
+	if retracted {
+		header += "\tretracted"
+	}
+	fmt.Fprintln(tw, header)
 	var total, long int
 	var all []time.Duration
-	var cached, prompt int64
+	var cached, prompt, retractions int64
 	for _, r := range rows {
-		peak, served, hit := "?", "?", "?"
+		peak, served, hit, back := "?", "?", "?", "?"
 		if r.statsErr == nil {
 			peak = fmt.Sprintf("%d (%.0f%%)", r.stats.PeakUsedTokens, 100*r.stats.PeakTokenUsage)
 			served = fmt.Sprint(r.stats.Served)
 			hit = cachedShare(r.stats.CachedTokens, r.stats.CachedTokens+r.stats.PrefilledTokens)
 			cached, prompt = cached+r.stats.CachedTokens, prompt+r.stats.CachedTokens+r.stats.PrefilledTokens
+			back, retractions = fmt.Sprint(r.stats.Retracted), retractions+r.stats.Retracted
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%g tok/s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", r.addr, r.capacity, r.decode, r.requests, r.long,
+		fmt.Fprintf(tw, "%s\t%d\t%g tok/s\t%d\t%d\t%s\t%s\t%s\t%s\t%s", r.addr, r.capacity, r.decode, r.requests, r.long,
 			percentile(r.latencies, 0.50), percentile(r.latencies, 0.99), peak, served, hit)
+		if retracted {
+			fmt.Fprintf(tw, "\t%s", back)
+		}
+		fmt.Fprintln(tw)
 		total += r.requests
 		long += r.long
 		all = append(all, r.latencies...)
@@ -115,8 +125,12 @@ func printTable(w io.Writer, rows []*workerRow, unknown int) {
 	if unknown > 0 {
 		fmt.Fprintf(tw, "(no X-Upstream header)\t\t\t%d\n", unknown)
 	}
-	fmt.Fprintf(tw, "all\t\t\t%d\t%d\t%s\t%s\t\t\t%s\n", total+unknown, long, percentile(all, 0.50), percentile(all, 0.99),
+	fmt.Fprintf(tw, "all\t\t\t%d\t%d\t%s\t%s\t\t\t%s", total+unknown, long, percentile(all, 0.50), percentile(all, 0.99),
 		cachedShare(cached, prompt))
+	if retracted {
+		fmt.Fprintf(tw, "\t%d", retractions)
+	}
+	fmt.Fprintln(tw)
 	tw.Flush()
 }
 
