@@ -179,19 +179,7 @@ func TestDemo(t *testing.T) {
 		if !strings.Contains(text, "\nworker  ") || !strings.Contains(text, "peak KV use") {
 			t.Errorf("no table header")
 		}
-		sum := 0
-		for i := range workers {
-			row := tableRow(text, workerAddrOf(cmd, i))
-			if row == nil {
-				t.Fatalf("no table row for worker %d", i)
-			}
-			n, err := strconv.Atoi(row[4])
-			if err != nil {
-				t.Fatalf("row %q: requests %q", row, row[4])
-			}
-			sum += n
-		}
-		if sum != 30 {
+		if sum := columnSum(t, text, cmd, "requests", func(row []string) string { return row[4] }); sum != 30 {
 			t.Errorf("the rows count %d requests, want 30", sum)
 		}
 		if !strings.Contains(text, "/sglang_load/workers") || !strings.Contains(text, "Admin API") {
@@ -236,18 +224,7 @@ func TestDemo(t *testing.T) {
 		if !strings.Contains(text, "prompt cached  retracted\n") {
 			t.Errorf("no retracted column")
 		}
-		sum := 0
-		for i := range workers {
-			row := tableRow(text, workerAddrOf(cmd, i))
-			if row == nil {
-				t.Fatalf("no table row for worker %d", i)
-			}
-			n, err := strconv.Atoi(row[len(row)-1])
-			if err != nil {
-				t.Fatalf("row %q: retracted %q", row, row[len(row)-1])
-			}
-			sum += n
-		}
+		sum := columnSum(t, text, cmd, "retracted", func(row []string) string { return row[len(row)-1] })
 		if all := tableRow(text, "all"); all == nil || all[len(all)-1] != strconv.Itoa(sum) {
 			t.Errorf("total row %q, want %d retracted", all, sum)
 		}
@@ -499,6 +476,24 @@ func adminBlocks(t *testing.T, text string) int {
 		default:
 			inView = false
 		}
+	}
+	return sum
+}
+
+// columnSum sums one column of the table's worker rows, which field picks from each row's fields.
+func columnSum(t *testing.T, text string, cmd *exec.Cmd, name string, field func(row []string) string) int {
+	t.Helper()
+	sum := 0
+	for i := range workers {
+		row := tableRow(text, workerAddrOf(cmd, i))
+		if row == nil {
+			t.Fatalf("no table row for worker %d", i)
+		}
+		n, err := strconv.Atoi(field(row))
+		if err != nil {
+			t.Fatalf("row %q: %s %q", row, name, field(row))
+		}
+		sum += n
 	}
 	return sum
 }
