@@ -118,15 +118,10 @@ func (w *Worker) decodeRoom(rk *rank, decodeStep func(r *request, n int) int64) 
 	if asked > 0 {
 		rk.newTokenRatio = min(1, float64(used+retractDecodeSteps*int64(len(decoding)))/float64(asked))
 	}
-	rk.retractedNow = len(retracted) > 0
 	return free()
 }
 
 // decayNewTokenRatio lowers the rank's estimate after steps decode steps without a retraction.
 func (rk *rank) decayNewTokenRatio(steps float64) {
-	if rk.retractedNow {
-		rk.retractedNow = false
-		return
-	}
 	rk.newTokenRatio = max(rk.newTokenRatio-steps*(initNewTokenRatio-minNewTokenRatio)/newTokenRatioDecaySteps, minNewTokenRatio)
 }

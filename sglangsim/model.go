@@ -138,9 +138,8 @@ type rank struct {
 	waitingUncached int64 // of those, the ones the cache did not cover on arrival
 	peakUsed        int64
 	// SGLang's admission (admission.go): its guess at the share of the running requests' remaining
-	// output they will use, whether this step retracted requests, and how many it has retracted.
+	// output they will use, and how many requests it has retracted.
 	newTokenRatio float64
-	retractedNow  bool
 	retracted     int64
 
 	promptTokens, cachedTokens int64   // over admitted requests
@@ -416,10 +415,11 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 	}
 	speedIn := func(batch int) float64 { return w.cfg.DecodeTokensPerSec / (1 + float64(batch-1)/batchSlowdown) }
 	// room is the KV tokens decoding may still allocate this step; -1: no bound.
-	retracted := rk.retracted
+	retractedBefore := rk.retracted
 	room := w.decodeRoom(rk, func(r *request, batch int) int64 {
 		return int64(math.Min(r.gen+speedIn(batch)*dt, float64(r.output))) - r.emitted.Load()
 	})
+	retracted := rk.retracted - retractedBefore
 	decoding := 0
 	for _, r := range rk.running {
 		if r.state == stateDecode {
@@ -484,14 +484,14 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 	}
 	clear(rk.running[len(kept):])
 	rk.running = kept
-	if decoding > 0 {
+	if decoding > 0 && retracted == 0 {
 		rk.decayNewTokenRatio(speed * dt)
 	}
 	rk.cache.evict(rk.used() + rk.cache.evictable - w.cfg.MaxTotalTokens)
 	rk.peakUsed = max(rk.peakUsed, rk.used())
 	rk.prefilled += prefilled
 	rk.prefillBusy += prefilled / w.cfg.PrefillTokensPerSec
-	rk.win.add(at, float64(produced), dt, rk.retracted-retracted)
+	rk.win.add(at, float64(produced), dt, retracted)
 	w.admit(rk, now)
 }
 
