@@ -104,18 +104,18 @@ func printTable(w io.Writer, rows []*workerRow, unknown int, retracted bool) {
 	var all []time.Duration
 	var cached, prompt, retractions int64
 	for _, r := range rows {
-		peak, served, hit, back := "?", "?", "?", "?"
+		peak, served, hit, retractedHere := "?", "?", "?", "?"
 		if r.statsErr == nil {
 			peak = fmt.Sprintf("%d (%.0f%%)", r.stats.PeakUsedTokens, 100*r.stats.PeakTokenUsage)
 			served = fmt.Sprint(r.stats.Served)
 			hit = cachedShare(r.stats.CachedTokens, r.stats.CachedTokens+r.stats.PrefilledTokens)
 			cached, prompt = cached+r.stats.CachedTokens, prompt+r.stats.CachedTokens+r.stats.PrefilledTokens
-			back, retractions = fmt.Sprint(r.stats.Retracted), retractions+r.stats.Retracted
+			retractedHere, retractions = fmt.Sprint(r.stats.Retracted), retractions+r.stats.Retracted
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%g tok/s\t%d\t%d\t%s\t%s\t%s\t%s\t%s", r.addr, r.capacity, r.decode, r.requests, r.long,
 			percentile(r.latencies, 0.50), percentile(r.latencies, 0.99), peak, served, hit)
 		if retracted {
-			fmt.Fprintf(tw, "\t%s", back)
+			fmt.Fprintf(tw, "\t%s", retractedHere)
 		}
 		fmt.Fprintln(tw)
 		total += r.requests
