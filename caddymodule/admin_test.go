@@ -441,6 +441,12 @@ func scrape(t *testing.T) string {
 	return string(body)
 }
 
+// selected is the count of selections by branch (load, fallback, none) on the metrics page.
+func selected(t *testing.T, page, branch string) float64 {
+	t.Helper()
+	return metricValue(t, page, "caddy_sglang_load_selections_total", "branch", branch)
+}
+
 // metricValue returns the value of the series of name whose labels include the given name/value pairs,
 // or NaN when there is none.
 func metricValue(t *testing.T, page, name string, labels ...string) float64 {
@@ -505,13 +511,10 @@ func TestMetricsSeries(t *testing.T) {
 	if n := metricValue(t, page, "caddy_sglang_load_poll_duration_seconds_count", "transport", "http", "result", "ok"); !(n >= 3) {
 		t.Errorf("poll duration histogram count %v, want >= 3", n)
 	}
-	sel := func(page, branch string) float64 {
-		return metricValue(t, page, "caddy_sglang_load_selections_total", "branch", branch)
-	}
-	if d := sel(page, "load") - sel(before, "load"); d != 20 {
+	if d := selected(t, page, "load") - selected(t, before, "load"); d != 20 {
 		t.Errorf("selections by load grew by %v over 20 requests, want 20", d)
 	}
-	if d := sel(page, "fallback") - sel(before, "fallback"); d != 0 {
+	if d := selected(t, page, "fallback") - selected(t, before, "fallback"); d != 0 {
 		t.Errorf("selections by fallback grew by %v with fresh loads, want 0", d)
 	}
 
@@ -524,7 +527,7 @@ func TestMetricsSeries(t *testing.T) {
 	before = scrape(t)
 	sendRequests(t, proxyURL, 10)
 	page = scrape(t)
-	if d := sel(page, "fallback") - sel(before, "fallback"); d != 10 {
+	if d := selected(t, page, "fallback") - selected(t, before, "fallback"); d != 10 {
 		t.Errorf("selections by fallback grew by %v over 10 requests without loads, want 10", d)
 	}
 	// The old config's workers are no longer monitored: their gauges are gone.

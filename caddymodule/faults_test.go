@@ -596,9 +596,6 @@ func allStale(t *testing.T, out *outcomes) {
 	}
 	view := waitWorkers(t, 10*time.Second, "every worker stale", func(v worker) bool { return v.State == "stale" }, busy, mid, idle)
 
-	sel := func(page, branch string) float64 {
-		return metricValue(t, page, "caddy_sglang_load_selections_total", "branch", branch)
-	}
 	before := scrape(t)
 	_, total := requests(t, httpSend, seqRequests, concGroups, concRequests)
 	after := scrape(t)
@@ -611,13 +608,13 @@ func allStale(t *testing.T, out *outcomes) {
 		}
 	}
 	// The stale loads are ignored, not used: every selection is the fallback's, none fails.
-	if d := sel(after, "fallback") - sel(before, "fallback"); d != allRequests {
+	if d := selected(t, after, "fallback") - selected(t, before, "fallback"); d != allRequests {
 		t.Errorf("selections by fallback grew by %v over %d requests, want all", d, allRequests)
 	}
-	if d := sel(after, "load") - sel(before, "load"); d != 0 {
+	if d := selected(t, after, "load") - selected(t, before, "load"); d != 0 {
 		t.Errorf("selections by load grew by %v with every report stale", d)
 	}
-	if d := sel(after, "none") - sel(before, "none"); d != 0 {
+	if d := selected(t, after, "none") - selected(t, before, "none"); d != 0 {
 		t.Errorf("%v selections found no upstream while all were available", d)
 	}
 	v := view[idle.addr()]

@@ -1,6 +1,7 @@
 package caddymodule_test
 
 import (
+	"cmp"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -97,6 +98,56 @@ func testSentWhereItFits(t *testing.T, policy string) {
 	// The worker refused it: its prompt is cached nowhere.
 	if after := blocks(); after != before {
 		t.Errorf("prompt blocks recorded per worker %v after a request no worker holds, want %v as before", after, before)
+	}
+}
+
+// With the signal metrics (the default, and each one named), which do not read the body, a request
+// whose Content-Length says its prompt is too long for a worker's KV pool goes to a worker that takes
+// it; requests that both take go to both; one that no worker takes gets a worker's own refusal, chosen
+// by the fallback policy.
+func TestSignalMetricsPassOverAWorkerThatRefuses(t *testing.T) {
+	for _, policy := range []string{"", "choose least", "metric waiting"} {
+		t.Run(cmp.Or(strings.ReplaceAll(policy, " ", "_"), "default"), func(t *testing.T) { testSignalsPassOver(t, policy) })
+	}
+}
+
+func testSignalsPassOver(t *testing.T, policy string) {
+	small := serveSim(t, sglangsim.Config{Name: "small", MaxTotalTokens: 4096, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1e5}, nil)
+	large := serveSim(t, sglangsim.Config{Name: "large", MaxTotalTokens: 65536, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1e5}, nil)
+	addrs := []string{strings.TrimPrefix(small.URL, "http://"), strings.TrimPrefix(large.URL, "http://")}
+	tester := caddytest.NewTester(t)
+	tester.InitServer(caddyfileFor("interval 1s", policy, addrs...), "caddyfile")
+	eventually(t, 10*time.Second, func() bool {
+		ws := workers(t)
+		return ws[addrs[0]].PollsOK > 0 && ws[addrs[1]].PollsOK > 0
+	}, "both workers polled")
+
+	// 20,000 bytes of text: 5,000 prompt tokens to the simulator, as to the policy's Content-Length ÷ 4,
+	// past the 4,090 the small worker takes.
+	long := `{"text":"` + strings.Repeat("a long document. ", 20000/17+1) + `","sampling_params":{"max_new_tokens":16}}`
+	for i := range 20 {
+		if code, by, _ := sendGenerate(t, long); code != http.StatusOK || by != "large" {
+			t.Fatalf("request %d: status %d from %q, want 200 from the large worker", i, code, by)
+		}
+	}
+	served := map[string]int{}
+	for range 40 {
+		code, by, _ := sendGenerate(t, `{"text":"a question","sampling_params":{"max_new_tokens":16}}`)
+		if code != http.StatusOK {
+			t.Fatalf("a short request: status %d from %q", code, by)
+		}
+		served[by]++
+	}
+	if served["small"] == 0 || served["large"] == 0 {
+		t.Errorf("short requests served %v, want both workers", served)
+	}
+	before := scrape(t)
+	huge := `{"text":"` + strings.Repeat("a longer document. ", 280000/19) + `","sampling_params":{"max_new_tokens":16}}`
+	if code, by, _ := sendGenerate(t, huge); code != http.StatusBadRequest || by == "" {
+		t.Errorf("a request no worker takes: status %d from %q, want a worker's 400", code, by)
+	}
+	if d := selected(t, scrape(t), "fallback") - selected(t, before, "fallback"); d != 1 {
+		t.Errorf("selections by the fallback grew by %v with the request no worker takes, want 1", d)
 	}
 }
 

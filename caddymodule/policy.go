@@ -133,7 +133,8 @@ type Policy struct {
 	// worker that looked least loaded; it is there for benchmarks and diagnosis. Default: true (on).
 	InflightCorrection *bool `json:"inflight_correction,omitempty"`
 
-	// The selection policy used when no available upstream has fresh loads. Default: least_conn.
+	// The selection policy used when no available upstream has fresh loads, or when every one says it
+	// refuses the request's prompt (too long for its KV pool). Default: least_conn.
 	FallbackRaw json.RawMessage `json:"fallback,omitempty" caddy:"namespace=http.reverse_proxy.selection_policies inline_key=policy"`
 
 	fallback reverseproxy.Selector
@@ -466,6 +467,9 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	}
 	var v poolView
 	v.init(p, pool, x)
+	v.prompt = p.unreadSize(r).PromptTokens
+	// When every available upstream refuses the prompt, the fallback sends it to one, whose refusal
+	// the client then reads.
 	idx, byLoad := loadpolicy.Choose(p.choice, p.metric, len(pool), v.signals, rand.IntN)
 	if byLoad {
 		metrics.selectedByLoad.Inc(r)

@@ -21,6 +21,9 @@ type poolView struct {
 	// size and params price the request, with the cost metric.
 	size   loadpolicy.Request
 	params loadpolicy.CostParams
+	// prompt is the request's prompt tokens as its Content-Length says, with the signal metrics: an
+	// upstream whose report says it refuses so long a prompt is passed over.
+	prompt int64
 }
 
 // init makes v the pool as Select sees it now; x is p.index if pool is the static one, else nil. In
@@ -75,7 +78,8 @@ func (v *poolView) report(i int, ep *endpoint) *loadpolicy.Report {
 	return ep.fresh(v.now)
 }
 
-// signals is upstream i for the signal metrics, and whether it is available (loadpolicy.Choose's at).
+// signals is upstream i for the signal metrics, and whether it is available and takes the request's
+// prompt (loadpolicy.Choose's at).
 func (v *poolView) signals(i int) (loadpolicy.Candidate, bool) {
 	u := v.pool[i]
 	if !u.Available() {
@@ -88,6 +92,9 @@ func (v *poolView) signals(i int) (loadpolicy.Candidate, bool) {
 		rep = monitor.FreshReport(s.rep.Load(), v.now, time.Duration(s.staleAfter.Load()))
 	} else if ep := v.dynamic(u); ep != nil {
 		rep = ep.fresh(v.now)
+	}
+	if !rep.Admits(v.prompt) {
+		return loadpolicy.Candidate{}, false // SGLang would refuse it there (400): another may take it
 	}
 	scored(&c, rep, v.p.noExtra)
 	return c, true

@@ -267,9 +267,6 @@ http://127.0.0.1:9080 {
 	base := settledGoroutines()
 
 	// Traffic phase: reloadRate requests per second for reloadTraffic, a reload every reloadEvery.
-	sel := func(page, branch string) float64 {
-		return metricValue(t, page, "caddy_sglang_load_selections_total", "branch", branch)
-	}
 	before := scrape(t)
 	res := trafficWithReloads(t, traffic, admin, configs, reloadTraffic, probe)
 	after := scrape(t)
@@ -282,7 +279,7 @@ http://127.0.0.1:9080 {
 	if want := int(reloadTraffic/reloadEvery) - 1; res.reloads < want {
 		t.Errorf("%d reloads during the traffic, want >= %d", res.reloads, want)
 	}
-	if d := sel(after, "fallback") + sel(after, "none") - sel(before, "fallback") - sel(before, "none"); d != 0 {
+	if d := selected(t, after, "fallback") + selected(t, after, "none") - selected(t, before, "fallback") - selected(t, before, "none"); d != 0 {
 		t.Errorf("%v selections were not made on loads across the reloads", d)
 	}
 	if res.byWorker["busy"] != 0 {

@@ -139,15 +139,19 @@ func (req Request) Bounded() Request {
 // weighs in the mean sizes as thousands of requests.
 func (r *Report) Held(req Request) (Request, bool) {
 	req = req.Bounded()
-	if r == nil {
-		return req, true
-	}
-	prompt := float64(req.PromptTokens)
-	if !r.work.admits(prompt) {
+	if !r.Admits(req.PromptTokens) {
 		return Request{}, false
 	}
-	req.OutputTokens = int64(r.work.heldOutput(prompt, float64(req.OutputTokens)))
+	if r != nil {
+		req.OutputTokens = int64(r.work.heldOutput(float64(req.PromptTokens), float64(req.OutputTokens)))
+	}
 	return req, true
+}
+
+// Admits reports whether the worker (nil: one not reported) takes a prompt of this many tokens at all:
+// its largest rank does not refuse it (see admits).
+func (r *Report) Admits(promptTokens int64) bool {
+	return r == nil || r.work.admits(float64(max(promptTokens, 0)))
 }
 
 // Add counts one more request sent, cached of whose prompt tokens were cached where it went.

@@ -667,8 +667,9 @@ func TestSendersScaleWhatWasSentSince(t *testing.T) {
 	}
 }
 
-// A request counts as its worker holds it: not at all where its largest rank refuses its prompt, its
-// output cut to what that rank holds, and within MaxRequestTokens where no pool is reported.
+// A request counts as its worker holds it: not at all where its largest rank refuses its prompt (nor
+// does Admits take the prompt there), its output cut to what that rank holds, and within
+// MaxRequestTokens where no pool is reported.
 func TestHeld(t *testing.T) {
 	ranks := NewReport(time.Now(), "", []Rank{worker(1, 0, 0, 0, 4096, 8, 0), worker(1, 0, 0, 0, 8192, 8, 0)})
 	noPool := NewReport(time.Now(), "", []Rank{{Running: 1, Fields: FieldRunning | FieldWaiting}})
@@ -691,6 +692,9 @@ func TestHeld(t *testing.T) {
 		refused := strings.Contains(v.name, "refused")
 		if got, held := v.rep.Held(v.req); got != v.want || held == refused {
 			t.Errorf("%s: Held(%+v) = %+v, %t; want %+v, %t", v.name, v.req, got, held, v.want, !refused)
+		}
+		if admits := v.rep.Admits(v.req.PromptTokens); admits == refused {
+			t.Errorf("%s: Admits(%d) = %t, want %t", v.name, v.req.PromptTokens, admits, !refused)
 		}
 	}
 }
