@@ -102,8 +102,8 @@ func (s *Since) setScaled(d *Since, f float64) {
 // where no pool is reported.
 
 // admits reports whether the worker's largest rank takes a prompt of this many tokens at all.
-func (w *workload) admits(prompt float64) bool {
-	return w.rankPool <= 0 || prompt < float64(w.rankPool-6)
+func (w *workload) admits(prompt int64) bool {
+	return w.rankPool <= 0 || prompt < w.rankPool-6
 }
 
 // admittedOutputTokens is the most output SGLang counts when it admits a request
@@ -151,7 +151,7 @@ func (r *Report) Held(req Request) (Request, bool) {
 // Admits reports whether the worker (nil: one not reported) takes a prompt of this many tokens at all:
 // its largest rank does not refuse it (see admits).
 func (r *Report) Admits(promptTokens int64) bool {
-	return r == nil || r.work.admits(float64(max(promptTokens, 0)))
+	return r == nil || r.work.admits(promptTokens)
 }
 
 // Add counts one more request sent, cached of whose prompt tokens were cached where it went.
@@ -421,7 +421,7 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 	}
 	meanOut := atLeast(p.MeanOutputTokens, 1)
 	prompt := float64(max(req.PromptTokens, 0))
-	if !w.admits(prompt) {
+	if !w.admits(req.PromptTokens) {
 		return math.Inf(1) // refused there: any worker that admits it goes first
 	}
 	out := float64(max(req.OutputTokens, 1))

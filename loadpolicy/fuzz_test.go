@@ -62,7 +62,7 @@ func FuzzNewReport(f *testing.F) {
 		since := Since{Elapsed: 3 * time.Second, Extra: 2, Sent: 2, SentPrompt: 1000, SentOutput: 512, SentWeighted: 512 * 1512, SentUncached: 1000}
 		// A client's sizes are its own word too: any max_tokens, a prompt from any Content-Length.
 		cost := r.Cost(Request{PromptTokens: prompt, OutputTokens: output}, 0, &since, &p)
-		admits := r.work.admits(float64(max(prompt, 0)))
+		admits := r.work.admits(prompt)
 		if math.IsNaN(cost) || cost <= 0 || math.IsInf(cost, 1) && r.Priced() && admits {
 			t.Fatalf("priced at %v s (priced: %v)", cost, r.Priced())
 		}
