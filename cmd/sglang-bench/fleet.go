@@ -32,14 +32,15 @@ func workerConfig(i int) sglangsim.Config {
 // benchSimOptions sets the simulator options every benchmark fleet runs with: answers end early, their
 // real length drawn from the request content between 0.3x and 1x max_tokens, so no policy is judged on
 // perfect foresight; the prefix cache stays on (its default): the quality workload's prompts are unique
-// from their first token; SGLang's admission with -sglang-admission.
+// from their first token; SGLang's admission unless -sglang-admission=false.
 func benchSimOptions(c *sglangsim.Config) {
 	c.FinishEarly = 0.3
 	c.SGLangAdmission = sglangAdmission
 }
 
-// sglangAdmission runs every fleet with the simulator's SGLang admission (-sglang-admission): KV
-// allocated as it is decoded, admission on a guess, retraction when the guess was wrong.
+// sglangAdmission runs every fleet with the simulator's SGLang admission (-sglang-admission, on by
+// default): KV allocated as it is decoded, admission on a guess, retraction when the guess was wrong.
+// Off, each request reserves its prompt and whole max_tokens.
 var sglangAdmission bool
 
 // fleet is one set of simulated workers on loopback, with what the bench measures on them from outside

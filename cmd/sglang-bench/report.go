@@ -110,10 +110,10 @@ func fleetLine(portBase int) string {
 	if portBase != 0 {
 		ports = fmt.Sprintf("on fixed ports from %d (-fleet-ports), a block per seed and arm", portBase)
 	}
-	admission := "each request reserves its prompt and whole max_tokens when admitted"
+	admission := "each request reserves its prompt and whole max_tokens when admitted (-sglang-admission=false)"
 	if sglangAdmission {
-		admission = "admitting as SGLang does (-sglang-admission): KV allocated as decoded, admission on a guess of " +
-			"the output to come, requests retracted when it was wrong"
+		admission = "admitting as SGLang does (-sglang-admission, the default): KV allocated as decoded, admission on " +
+			"a guess of the output to come, requests retracted when it was wrong"
 	}
 	return "Workers: " + strings.Join(names, ", ") + "; " + admission + "; " + ports + "."
 }

@@ -182,6 +182,15 @@ func TestDemo(t *testing.T) {
 		if sum := columnSum(t, text, cmd, "requests", func(row []string) string { return row[4] }); sum != 30 {
 			t.Errorf("the rows count %d requests, want 30", sum)
 		}
+		// The workers admit as SGLang does by default: the table counts each worker's retracted
+		// requests, which add up in the total row.
+		if !strings.Contains(text, "prompt cached  retracted\n") {
+			t.Errorf("no retracted column")
+		}
+		retracted := columnSum(t, text, cmd, "retracted", func(row []string) string { return row[len(row)-1] })
+		if all := tableRow(text, "all"); all == nil || all[len(all)-1] != strconv.Itoa(retracted) {
+			t.Errorf("total row %q, want %d retracted", all, retracted)
+		}
 		if !strings.Contains(text, "/sglang_load/workers") || !strings.Contains(text, "Admin API") {
 			t.Errorf("no admin API view")
 		}
@@ -204,10 +213,12 @@ func TestDemo(t *testing.T) {
 			t.Fatal("no total row")
 		}
 		// 4 prompts of 2,048 tokens among 40 requests, 4 at a time: even a prompt missed once on
-		// every worker leaves most of the burst's prompt tokens cached.
-		share, err := strconv.Atoi(strings.TrimSuffix(all[len(all)-1], "%"))
+		// every worker leaves most of the burst's prompt tokens cached. The share is the row's
+		// next-to-last field: the retracted count follows it.
+		cached := all[len(all)-2]
+		share, err := strconv.Atoi(strings.TrimSuffix(cached, "%"))
 		if err != nil || share < 50 {
-			t.Errorf("prompt tokens cached over the fleet: %q, want at least 50%%", all[len(all)-1])
+			t.Errorf("prompt tokens cached over the fleet: %q, want at least 50%%", cached)
 		}
 		// The admin view, half-way through the burst, shows the blocks the index sent each worker.
 		if blocks := adminBlocks(t, text); blocks <= 0 {
@@ -215,18 +226,17 @@ func TestDemo(t *testing.T) {
 		}
 	})
 
-	// -sglang-admission: the workers run so, every request succeeds, and the table counts each worker's
-	// retracted requests, which add up in the total row.
-	t.Run("sglang admission", func(t *testing.T) {
+	// -sglang-admission=false: the workers reserve each request's prompt and whole max_tokens, every
+	// request succeeds, and the table has no retracted column.
+	t.Run("reserving", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 		defer cancel()
-		cmd, _, text := runDemo(t, ctx, bin, 30, "-concurrency", "8", "-sglang-admission")
-		if !strings.Contains(text, "prompt cached  retracted\n") {
-			t.Errorf("no retracted column")
+		cmd, _, text := runDemo(t, ctx, bin, 30, "-concurrency", "8", "-sglang-admission=false")
+		if !strings.Contains(text, "prompt cached\n") || strings.Contains(text, "retracted") {
+			t.Errorf("want a table without a retracted column")
 		}
-		sum := columnSum(t, text, cmd, "retracted", func(row []string) string { return row[len(row)-1] })
-		if all := tableRow(text, "all"); all == nil || all[len(all)-1] != strconv.Itoa(sum) {
-			t.Errorf("total row %q, want %d retracted", all, sum)
+		if sum := columnSum(t, text, cmd, "requests", func(row []string) string { return row[4] }); sum != 30 {
+			t.Errorf("the rows count %d requests, want 30", sum)
 		}
 	})
 

@@ -67,7 +67,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.BoolVar(&o.legacyShape, "legacy-shape", false, "answer /v1/loads in the early-2026 shape (dp_rank_count, aggregate, num_total_reqs)")
 	fs.BoolVar(&o.prefixCache, "prefix-cache", true, "keep a prefix cache per DP rank (16-token blocks, LRU); -prefix-cache=false prefills every prompt token")
 	fs.BoolVar(&o.prefillCounters, "prefill-counters", true, "send total_prefill_uncached_tokens and total_prefill_busy_us in /v1/loads; false acts as an older SGLang")
-	fs.BoolVar(&o.sglangAdmission, "sglang-admission", false, "admit as SGLang does: KV allocated as decoded, admission on a guess of the output to come, requests retracted when it was wrong; default: each request reserves its prompt and whole max_tokens")
+	fs.BoolVar(&o.sglangAdmission, "sglang-admission", true, "admit as SGLang does: KV allocated as decoded, admission on a guess of the output to come, requests retracted when it was wrong; -sglang-admission=false: each request reserves its prompt and whole max_tokens")
 	fs.Float64Var(&o.finishEarly, "finish-early", 0, "end answers early: each length drawn in [f*max_tokens, max_tokens] from a hash of the request; 0 disables")
 	fs.StringVar(&o.apiKey, "api-key", "", "require Authorization: Bearer <key> on load and generate routes")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1", "host to listen on")

@@ -27,8 +27,11 @@ func TestParseFlags(t *testing.T) {
 	if o.count != 4 || len(o.capacities) != 2 || o.capacities[1] != 2000 || o.basePort != 30000 || o.listen != "127.0.0.1" {
 		t.Fatalf("%+v", o)
 	}
-	if !o.prefixCache || !o.prefillCounters || o.finishEarly != 0 {
+	if !o.prefixCache || !o.prefillCounters || o.finishEarly != 0 || !o.sglangAdmission {
 		t.Fatalf("model defaults: %+v", o)
+	}
+	if o, err := parseFlags([]string{"-sglang-admission=false"}, io.Discard); err != nil || o.sglangAdmission {
+		t.Errorf("-sglang-admission=false: admission %t, %v; want reserving", o.sglangAdmission, err)
 	}
 	for _, args := range [][]string{
 		{"-finish-early", "-0.1"},
