@@ -27,15 +27,7 @@ func TestCostMetricSendsARequestWhereItFits(t *testing.T) {
 }
 
 func testSentWhereItFits(t *testing.T, policy string) {
-	small := serveSim(t, sglangsim.Config{Name: "small", MaxTotalTokens: 4096, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1e5}, nil)
-	large := serveSim(t, sglangsim.Config{Name: "large", MaxTotalTokens: 65536, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1e5}, nil)
-	addrs := []string{strings.TrimPrefix(small.URL, "http://"), strings.TrimPrefix(large.URL, "http://")}
-	tester := caddytest.NewTester(t)
-	tester.InitServer(caddyfileFor("interval 1s", policy, addrs...), "caddyfile")
-	eventually(t, 10*time.Second, func() bool {
-		ws := workers(t)
-		return ws[addrs[0]].PollsOK > 0 && ws[addrs[1]].PollsOK > 0
-	}, "both workers polled")
+	addrs := smallAndLarge(t, policy)
 
 	send := func(body string) (int, string) {
 		t.Helper()
@@ -112,15 +104,7 @@ func TestSignalMetricsPassOverAWorkerThatRefuses(t *testing.T) {
 }
 
 func testSignalsPassOver(t *testing.T, policy string) {
-	small := serveSim(t, sglangsim.Config{Name: "small", MaxTotalTokens: 4096, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1e5}, nil)
-	large := serveSim(t, sglangsim.Config{Name: "large", MaxTotalTokens: 65536, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1e5}, nil)
-	addrs := []string{strings.TrimPrefix(small.URL, "http://"), strings.TrimPrefix(large.URL, "http://")}
-	tester := caddytest.NewTester(t)
-	tester.InitServer(caddyfileFor("interval 1s", policy, addrs...), "caddyfile")
-	eventually(t, 10*time.Second, func() bool {
-		ws := workers(t)
-		return ws[addrs[0]].PollsOK > 0 && ws[addrs[1]].PollsOK > 0
-	}, "both workers polled")
+	smallAndLarge(t, policy)
 
 	// 20,000 bytes of text: 5,000 prompt tokens to the simulator, as to the policy's Content-Length ÷ 4,
 	// past the 4,090 the small worker takes.
@@ -149,6 +133,23 @@ func testSignalsPassOver(t *testing.T, policy string) {
 	if d := selected(t, scrape(t), "fallback") - selected(t, before, "fallback"); d != 1 {
 		t.Errorf("selections by the fallback grew by %v with the request no worker takes, want 1", d)
 	}
+}
+
+// smallAndLarge serves a simulated worker named small of a 4,096-token KV pool and one named large of
+// 65,536, both fast, behind the test's Caddy with policy in its lb_policy sglang_load block, and
+// returns their addresses once both are polled.
+func smallAndLarge(t *testing.T, policy string) []string {
+	t.Helper()
+	small := serveSim(t, sglangsim.Config{Name: "small", MaxTotalTokens: 4096, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1e5}, nil)
+	large := serveSim(t, sglangsim.Config{Name: "large", MaxTotalTokens: 65536, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1e5}, nil)
+	addrs := []string{strings.TrimPrefix(small.URL, "http://"), strings.TrimPrefix(large.URL, "http://")}
+	tester := caddytest.NewTester(t)
+	tester.InitServer(caddyfileFor("interval 1s", policy, addrs...), "caddyfile")
+	eventually(t, 10*time.Second, func() bool {
+		ws := workers(t)
+		return ws[addrs[0]].PollsOK > 0 && ws[addrs[1]].PollsOK > 0
+	}, "both workers polled")
+	return addrs
 }
 
 // generateAnswer is what a test reads of a /generate answer.
