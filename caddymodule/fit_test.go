@@ -93,17 +93,23 @@ func testSentWhereItFits(t *testing.T, policy string) {
 	}
 }
 
-// With the signal metrics (the default, and each one named), which do not read the body, a request
-// whose Content-Length says its prompt is too long for a worker's KV pool goes to a worker that takes
-// it; requests that both take go to both; one that no worker takes gets a worker's own refusal, chosen
-// by the fallback policy.
+// With the signal metrics (the default, and each one named), a request whose prompt is too long for a
+// worker's KV pool goes to a worker that takes it, and one that no worker takes gets a worker's own
+// refusal, chosen by the fallback policy. A request that both take may go to either: with a metric that
+// counts requests, two idle workers tie and both get such requests, a chat whose Content-Length is
+// mostly an image too. (The default and token metrics weigh one more request by the worker's pool, and
+// send it to the large one.)
 func TestSignalMetricsPassOverAWorkerThatRefuses(t *testing.T) {
-	for _, policy := range []string{"", "choose least", "metric waiting"} {
-		t.Run(cmp.Or(strings.ReplaceAll(policy, " ", "_"), "default"), func(t *testing.T) { testSignalsPassOver(t, policy) })
+	for _, policy := range []string{"", "choose least", "metric waiting", "metric running"} {
+		t.Run(cmp.Or(strings.ReplaceAll(policy, " ", "_"), "default"), func(t *testing.T) {
+			testSignalsPassOver(t, policy, strings.HasPrefix(policy, "metric "))
+		})
 	}
 }
 
-func testSignalsPassOver(t *testing.T, policy string) {
+// testSignalsPassOver runs TestSignalMetricsPassOverAWorkerThatRefuses with policy; ties says that
+// two idle workers tie under it.
+func testSignalsPassOver(t *testing.T, policy string, ties bool) {
 	smallAndLarge(t, policy)
 
 	// 20,000 bytes of text: 5,000 prompt tokens to the simulator, as to the policy's Content-Length ÷ 4,
@@ -122,8 +128,28 @@ func testSignalsPassOver(t *testing.T, policy string) {
 		}
 		served[by]++
 	}
-	if served["small"] == 0 || served["large"] == 0 {
+	if ties && (served["small"] == 0 || served["large"] == 0) {
 		t.Errorf("short requests served %v, want both workers", served)
+	}
+	// A chat with 24,000 bytes of base64 image and a short question: its Content-Length says 6,000
+	// tokens, past what the small worker takes, but the image is no prompt text, to SGLang as to the
+	// simulator. The policy reads the body and finds the question: both workers take it.
+	chat := `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,` +
+		strings.Repeat("QUJD", 6000) + `"}},{"type":"text","text":"What is in this picture?"}]}],"max_tokens":16}`
+	served = map[string]int{}
+	for range 40 {
+		resp, err := http.Post("http://127.0.0.1:9080/v1/chat/completions", "application/json", strings.NewReader(chat))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("a chat with an image: status %d", resp.StatusCode)
+		}
+		served[resp.Header.Get(sglangsim.HeaderWorker)]++
+	}
+	if ties && (served["small"] == 0 || served["large"] == 0) {
+		t.Errorf("chats with an image served %v, want both workers", served)
 	}
 	before := scrape(t)
 	huge := `{"text":"` + strings.Repeat("a longer document. ", 280000/19) + `","sampling_params":{"max_new_tokens":16}}`

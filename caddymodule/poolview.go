@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"net/http"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -21,9 +22,13 @@ type poolView struct {
 	// size and params price the request, with the cost metric.
 	size   loadpolicy.Request
 	params loadpolicy.CostParams
-	// prompt is the request's prompt tokens as its Content-Length says, with the signal metrics: an
-	// upstream whose report says it refuses so long a prompt is passed over.
-	prompt int64
+	// prompt is the request's prompt tokens, with the signal metrics: an upstream whose report says it
+	// refuses so long a prompt is passed over. It is first what the Content-Length says; past what an
+	// upstream takes, the body is read once (readPrompt) and prompt is what its text says, since a
+	// base64 image counts bytes that are not prompt tokens.
+	prompt   int64
+	r        *http.Request
+	bodyRead bool
 }
 
 // init makes v the pool as Select sees it now; x is p.index if pool is the static one, else nil. In
@@ -94,10 +99,22 @@ func (v *poolView) signals(i int) (loadpolicy.Candidate, bool) {
 		rep = ep.fresh(v.now)
 	}
 	if !rep.Admits(v.prompt) {
-		return loadpolicy.Candidate{}, false // SGLang would refuse it there (400): another may take it
+		// Too long for it by the Content-Length: the body says how long, once read.
+		if v.readPrompt(); !rep.Admits(v.prompt) {
+			return loadpolicy.Candidate{}, false // SGLang would refuse it there (400): another may take it
+		}
 	}
 	scored(&c, rep, v.p.noExtra)
 	return c, true
+}
+
+// readPrompt sizes the prompt from the request's body, once: its head read as the cost metric reads
+// it (and put back for the upstream), else the Content-Length again (a body that is not read).
+func (v *poolView) readPrompt() {
+	if !v.bodyRead {
+		v.bodyRead = true
+		v.prompt = v.p.sizeOf(v.p.readRequest(v.r), v.r).PromptTokens
+	}
 }
 
 // priced is upstream i with the cost model's price of the request, and whether it is available
