@@ -151,6 +151,13 @@ type rank struct {
 // used is num_used_tokens: what running requests hold.
 func (rk *rank) used() int64 { return rk.private + rk.cache.pinned }
 
+// fitPool evicts the cached blocks that the KV in use leaves no room for in the pool, after an
+// admission or a step took KV, and notes the peak use.
+func (w *Worker) fitPool(rk *rank) {
+	rk.cache.evict(rk.used() + rk.cache.evictable - w.cfg.MaxTotalTokens)
+	rk.peakUsed = max(rk.peakUsed, rk.used())
+}
+
 // prefixTokens sums the tokens of blocks.
 func prefixTokens(blocks []block) int64 {
 	var n int64
@@ -487,8 +494,7 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 	if decoding > 0 && retracted == 0 {
 		rk.decayNewTokenRatio(speed * dt)
 	}
-	rk.cache.evict(rk.used() + rk.cache.evictable - w.cfg.MaxTotalTokens)
-	rk.peakUsed = max(rk.peakUsed, rk.used())
+	w.fitPool(rk) // decoding allocated KV (SGLangAdmission)
 	rk.prefilled += prefilled
 	rk.prefillBusy += prefilled / w.cfg.PrefillTokensPerSec
 	rk.win.add(at, float64(produced), dt, retracted)
@@ -513,8 +519,7 @@ func (w *Worker) admit(rk *rank, now time.Time) {
 		r.pins = rk.cache.pin(hit, len(r.blocks)+len(r.answer))
 		r.private = private
 		rk.private += private
-		rk.cache.evict(rk.used() + rk.cache.evictable - w.cfg.MaxTotalTokens)
-		rk.peakUsed = max(rk.peakUsed, rk.used())
+		w.fitPool(rk)
 		r.state, r.prefillLeft = statePrefill, float64(r.extend(cached))
 		if r.admitted.IsZero() { // a retracted request is counted once, when first admitted
 			r.cached, r.admitted = cached, now
