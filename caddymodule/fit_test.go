@@ -120,6 +120,12 @@ func testSignalsPassOver(t *testing.T, policy string, ties bool) {
 			t.Fatalf("request %d: status %d from %q, want 200 from the large worker", i, code, by)
 		}
 	}
+	// Sent chunked, without a Content-Length: the policy reads the body to size it.
+	for i := range 10 {
+		if code, by, _ := postGenerate(t, io.MultiReader(strings.NewReader(long))); code != http.StatusOK || by != "large" {
+			t.Fatalf("chunked request %d: status %d from %q, want 200 from the large worker", i, code, by)
+		}
+	}
 	served := map[string]int{}
 	for range 40 {
 		code, by, _ := sendGenerate(t, `{"text":"a question","sampling_params":{"max_new_tokens":16}}`)
@@ -189,7 +195,14 @@ type generateAnswer struct {
 // that answered, and the answer as far as it is one.
 func sendGenerate(t *testing.T, body string) (int, string, generateAnswer) {
 	t.Helper()
-	resp, err := http.Post("http://127.0.0.1:9080/generate", "application/json", strings.NewReader(body))
+	return postGenerate(t, strings.NewReader(body))
+}
+
+// postGenerate is sendGenerate of a body read from r: sent chunked unless r is one whose length the
+// client knows (a strings.Reader).
+func postGenerate(t *testing.T, body io.Reader) (int, string, generateAnswer) {
+	t.Helper()
+	resp, err := http.Post("http://127.0.0.1:9080/generate", "application/json", body)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -116,7 +116,7 @@ type Policy struct {
 	// prompt), in bytes: the head of the body, put back so the upstream receives the same bytes. Only
 	// JSON bodies of /v1/chat/completions, /v1/completions and /generate without a Content-Encoding are
 	// read. The signal metrics read it only when the Content-Length says the prompt is too long for a
-	// worker. -1: never read; the prompt is then estimated from Content-Length and the output is
+	// worker, or when the body is chunked. -1: never read; the prompt is then estimated from Content-Length and the output is
 	// default_max_tokens. Default: 65536.
 	ReadBody int `json:"read_body,omitempty"`
 
@@ -469,6 +469,9 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	var v poolView
 	v.init(p, pool, x)
 	v.prompt, v.r = p.unreadSize(r).PromptTokens, r
+	if r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
+		v.prompt = loadpolicy.MaxRequestTokens // a chunked body's size is unknown: past any pool, until read
+	}
 	// When every available upstream refuses the prompt, the fallback sends it to one, whose refusal
 	// the client then reads.
 	idx, byLoad := loadpolicy.Choose(p.choice, p.metric, len(pool), v.signals, rand.IntN)

@@ -23,9 +23,9 @@ type poolView struct {
 	size   loadpolicy.Request
 	params loadpolicy.CostParams
 	// prompt is the request's prompt tokens, with the signal metrics: an upstream whose report says it
-	// refuses so long a prompt is passed over. It is first what the Content-Length says; past what an
-	// upstream takes, the body is read once (readPrompt) and prompt is what its text says, since a
-	// base64 image counts bytes that are not prompt tokens.
+	// refuses so long a prompt is passed over. It is first what the Content-Length says (a chunked body,
+	// as long as can be); past what an upstream takes, the body is read once (readPrompt) and prompt is
+	// what its text says, since a base64 image counts bytes that are not prompt tokens.
 	prompt   int64
 	r        *http.Request
 	bodyRead bool
