@@ -228,16 +228,20 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			f, err := strconv.ParseFloat(v, 64)
+			if name == "decode_batch_halving" {
+				if err != nil || !(f >= 1) || math.IsInf(f, 0) {
+					return d.Errf("%s: want a number >= 1, got %q", name, v)
+				}
+				p.DecodeBatchHalving = f
+				break
+			}
 			if err != nil || !(f > 0) || math.IsInf(f, 0) {
 				return d.Errf("%s: want a number > 0, got %q", name, v)
 			}
-			switch name {
-			case "prefill_tokens_per_sec":
+			if name == "prefill_tokens_per_sec" {
 				p.PrefillTokensPerSec = f
-			case "decode_tokens_per_sec":
+			} else {
 				p.DecodeTokensPerSec = f
-			default:
-				p.DecodeBatchHalving = f // parseOptions checks >= 1
 			}
 		case "delay_to_others":
 			v, err := oneArg(d)

@@ -127,7 +127,7 @@ func TestInvalidCaddyfileValues(t *testing.T) {
 		{policy: "default_max_tokens 0", want: `default_max_tokens: want an integer from 1 to 2147483647, got "0"`},
 		{policy: "prefill_tokens_per_sec -3", want: `prefill_tokens_per_sec: want a number > 0, got "-3"`},
 		{policy: "decode_tokens_per_sec fast", want: `decode_tokens_per_sec: want a number > 0, got "fast"`},
-		{policy: "decode_batch_halving 0.5", want: "decode_batch_halving: must be a finite number >= 1, got 0.5"},
+		{policy: "decode_batch_halving 0.5", want: `decode_batch_halving: want a number >= 1, got "0.5"`},
 		{policy: "delay_to_others 1.5", want: `delay_to_others: want a number from 0 to 1, got "1.5"`},
 		{policy: "delay_to_others all", want: `delay_to_others: want a number from 0 to 1, got "all"`},
 		{policy: "read_body lots", want: `read_body: want a size from 1B to 1GiB, or off, got "lots"`},

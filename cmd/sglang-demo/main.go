@@ -91,7 +91,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", 30*time.Second, "how long the workers and Caddy may take to start")
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "deadline of the burst")
 	fs.DurationVar(&o.grace, "grace", 5*time.Second, "on shutdown, how long a process may take after SIGTERM before SIGKILL")
-	fs.BoolVar(&o.affinity, "affinity", false, "turn on `affinity prefix` in the Caddyfile's lb_policy sglang_load block (its metric line dropped: affinity prices with the cost metric); requests share 32 system prompts unless -shared-prompts says otherwise")
+	fs.BoolVar(&o.affinity, "affinity", false, "turn on affinity prefix in the Caddyfile's lb_policy sglang_load block (its metric line dropped: affinity prices with the cost metric); requests share 32 system prompts unless -shared-prompts says otherwise")
 	fs.StringVar(&o.metric, "metric", "", "set the `metric` of the Caddyfile's lb_policy sglang_load block, e.g. cost (its choose line dropped, so the metric's own default choice applies)")
 	fs.BoolVar(&o.sglangAdmission, "sglang-admission", true, "the simulated workers admit as SGLang does (sglang-sim -sglang-admission): KV allocated as decoded, admission on a guess of the output to come, requests retracted when it was wrong, and the table counts the retracted; -sglang-admission=false: each request reserves its prompt and whole max_tokens")
 	fs.IntVar(&o.sharedPrompts, "shared-prompts", 0, fmt.Sprintf("requests share one of this many system prompts of %d tokens, sent as text so the workers' prefix caches can hit (0: none)", systemPromptTokens))
