@@ -110,7 +110,7 @@ func TestSignalMetricsPassOverAWorkerThatRefuses(t *testing.T) {
 // testSignalsPassOver runs TestSignalMetricsPassOverAWorkerThatRefuses with policy; ties says that
 // two idle workers tie under it.
 func testSignalsPassOver(t *testing.T, policy string, ties bool) {
-	smallAndLarge(t, policy)
+	addrs := smallAndLarge(t, policy)
 
 	// 20,000 bytes of text: 5,000 prompt tokens to the simulator, as to the policy's Content-Length ÷ 4,
 	// past the 4,090 the small worker takes.
@@ -126,6 +126,7 @@ func testSignalsPassOver(t *testing.T, policy string, ties bool) {
 			t.Fatalf("chunked request %d: status %d from %q, want 200 from the large worker", i, code, by)
 		}
 	}
+	idleAtLastPoll(t, addrs)
 	served := map[string]int{}
 	for range 40 {
 		code, by, _ := sendGenerate(t, `{"text":"a question","sampling_params":{"max_new_tokens":16}}`)
@@ -142,6 +143,7 @@ func testSignalsPassOver(t *testing.T, policy string, ties bool) {
 	// simulator. The policy reads the body and finds the question: both workers take it.
 	chat := `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,` +
 		strings.Repeat("QUJD", 6000) + `"}},{"type":"text","text":"What is in this picture?"}]}],"max_tokens":16}`
+	idleAtLastPoll(t, addrs)
 	served = map[string]int{}
 	for range 40 {
 		resp, err := http.Post("http://127.0.0.1:9080/v1/chat/completions", "application/json", strings.NewReader(chat))
@@ -182,6 +184,23 @@ func smallAndLarge(t *testing.T, policy string) []string {
 		return ws[addrs[0]].PollsOK > 0 && ws[addrs[1]].PollsOK > 0
 	}, "both workers polled")
 	return addrs
+}
+
+// idleAtLastPoll waits until the last report of each worker at addrs counts no request running or
+// waiting: until then a report that caught a request in flight ranks its worker busier than an idle
+// one, under a metric that counts requests, and two idle workers do not tie.
+func idleAtLastPoll(t *testing.T, addrs []string) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() bool {
+		ws := workers(t)
+		for _, a := range addrs {
+			r := ws[a].Report
+			if r == nil || r.Totals.Running == nil || *r.Totals.Running != 0 || r.Totals.Waiting == nil || *r.Totals.Waiting != 0 {
+				return false
+			}
+		}
+		return true
+	}, "both workers idle at their last poll")
 }
 
 // generateAnswer is what a test reads of a /generate answer.
