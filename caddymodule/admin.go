@@ -178,7 +178,8 @@ type scoreView struct {
 	// CostSeconds is the cost metric's price, now, of a reference request (ReferenceRequest) with the
 	// default stand-in speeds; absent when the report lacks request counts.
 	CostSeconds *float64 `json:"cost_seconds,omitempty"`
-	// PrefillTokensPerSec is the prefill speed measured from the worker's counters; absent when not measured.
+	// PrefillTokensPerSec is the prefill speed measured from the worker's counters (between two reports, else
+	// over its life); absent when not measured.
 	PrefillTokensPerSec *float64 `json:"prefill_tokens_per_sec,omitempty"`
 	// PrefillLifetimePerRank is one rank's prefill speed over the worker's life, from its cumulative
 	// counters: with affinity, the worker's share of the keys is its batch cap times this. Absent

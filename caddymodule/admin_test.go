@@ -56,6 +56,7 @@ type worker struct {
 		Value       float64            `json:"value"`
 		Signals     map[string]float64 `json:"signals"`
 		CostSeconds *float64           `json:"cost_seconds"`
+		Prefill     *float64           `json:"prefill_tokens_per_sec"`
 		DecodeAlone *float64           `json:"decode_alone_tokens_per_sec"`
 		Senders     *float64           `json:"senders"`
 	} `json:"score"`

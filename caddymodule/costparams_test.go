@@ -210,7 +210,7 @@ func TestFleetSpeedPerPolicy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	fastest := func(p *Policy) float64 { f, _ := p.fleet.load(); return f }
+	fastest := func(p *Policy) float64 { f, _, _ := p.fleet.load(); return f }
 
 	poll(smallOnly, measured(1000))
 	if got, want := fastest(small), measured(1000).DecodeAloneTokensPerSec(); got != want {
@@ -235,6 +235,33 @@ func TestFleetSpeedPerPolicy(t *testing.T) {
 	poll(both, measured(4000))
 	if got := fastest(large); got != before {
 		t.Errorf("after the large pool let the worker go: fastest %v, want %v unchanged", got, before)
+	}
+}
+
+// A worker whose prefill is not measured is priced at no slower than the fastest prefill per rank
+// that the policy's workers measured lately (here two ranks that each prefilled 40,000 tokens in a
+// second), unless prefill_tokens_per_sec fixes its speed.
+func TestCostParamsPrefillFloor(t *testing.T) {
+	rank := loadpolicy.Rank{PrefillUncachedTokens: 40000, PrefillBusyUS: 1e6,
+		Fields: loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldPrefillCounters}
+	rep := loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{rank, rank})
+	for _, tc := range []struct {
+		name   string
+		policy *Policy
+		want   float64
+	}{
+		{"default", &Policy{}, 40000},
+		{"prefill_tokens_per_sec set", &Policy{PrefillTokensPerSec: 5000}, 0},
+	} {
+		p := tc.policy
+		if err := p.parseOptions(); err != nil {
+			t.Fatal(err)
+		}
+		p.app = new(App)
+		p.fleet.note(rep)
+		if got := paramsOf(p).PrefillPerRankFloor; got != tc.want {
+			t.Errorf("%s: prefill floor %v tokens/s per rank, want %v", tc.name, got, tc.want)
+		}
 	}
 }
 

@@ -336,6 +336,9 @@ type stampingFetcher struct {
 // whose prefill speed is measured.
 type fleetSpeed struct {
 	fastest, ratio atomicFloat
+	// fastestPrefill is the fastest prefill speed per rank measured lately, for the same reason: a
+	// worker whose prefill is not measured is priced at no slower.
+	fastestPrefill atomicFloat
 	mu             sync.Mutex
 	decode         loadpolicy.FleetDecode // guarded by mu; ratio is its PerPrefill
 }
@@ -347,13 +350,20 @@ const fleetSpeedMemory = 0.98
 func (f *fleetSpeed) note(rep *loadpolicy.Report) {
 	alone := rep.DecodeAloneTokensPerSec()
 	f.fastest.update(func(old float64) float64 { return max(alone, old*fleetSpeedMemory) })
+	var prefill float64
+	if speed, ok := rep.PrefillTokensPerSec(); ok && len(rep.Ranks) > 0 {
+		prefill = speed / float64(len(rep.Ranks))
+	}
+	f.fastestPrefill.update(func(old float64) float64 { return max(prefill, old*fleetSpeedMemory) })
 	f.mu.Lock()
 	f.decode.Add(rep)
 	f.ratio.Store(f.decode.PerPrefill())
 	f.mu.Unlock()
 }
 
-func (f *fleetSpeed) load() (fastest, ratio float64) { return f.fastest.Load(), f.ratio.Load() }
+func (f *fleetSpeed) load() (fastest, ratio, fastestPrefill float64) {
+	return f.fastest.Load(), f.ratio.Load(), f.fastestPrefill.Load()
+}
 
 func (f stampingFetcher) Fetch(ctx context.Context) (*loadpolicy.Report, error) {
 	var before int64

@@ -19,7 +19,8 @@ import (
 // holds beside the prompt does not keep the request away: SGLang cuts max_new_tokens to fit, and the
 // worker answers. One that no worker takes gets a worker's own refusal, not a proxy error, and with
 // affinity its prompt is not recorded as cached there. With affinity too, whichever worker a prompt's
-// home is.
+// home is. (Where short requests go is not checked: the two workers are alike but for their pools,
+// and the model prices them apart by what their first polls measured of their speeds.)
 func TestCostMetricSendsARequestWhereItFits(t *testing.T) {
 	for _, policy := range []string{"metric cost", "affinity prefix"} {
 		t.Run(strings.ReplaceAll(policy, " ", "_"), func(t *testing.T) { testSentWhereItFits(t, policy) })
@@ -59,18 +60,6 @@ func testSentWhereItFits(t *testing.T, policy string) {
 		if code != http.StatusOK || answer.MetaInfo.CompletionTokens != want {
 			t.Fatalf("request %d of 100 + 1,000,000 tokens: status %d from %q, %d tokens, want 200 and %d", i, code, by, answer.MetaInfo.CompletionTokens, want)
 		}
-	}
-	// Requests that both hold still go to both.
-	served := map[string]int{}
-	for range 40 {
-		code, by := send(`{"text":"a question","prompt_tokens":100,"sampling_params":{"max_new_tokens":16}}`)
-		if code != http.StatusOK {
-			t.Fatalf("a short request: status %d from %q", code, by)
-		}
-		served[by]++
-	}
-	if served["small"] == 0 || served["large"] == 0 {
-		t.Errorf("short requests served %v, want both workers", served)
 	}
 	blocks := func() [2]int64 {
 		ws := workers(t)

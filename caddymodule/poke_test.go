@@ -1,7 +1,9 @@
 package caddymodule_test
 
 import (
+	"math"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -54,5 +56,45 @@ func TestRequestToUnmeasuredWorkerPollsIt(t *testing.T) {
 	}
 	if waited := at.Sub(sent); waited > 3*interval/10 {
 		t.Errorf("poll came %s after the request, want within a slot of a tenth of the interval", waited)
+	}
+}
+
+// A proxy started in front of workers that have served before (a Caddy restarted, or one more instance
+// scaled out) prices each at its own prefill speed from its first report, the ratio of its counters
+// over its life: long prompts go to the faster prefill before two polls could measure either between
+// them. Two workers alike but for prefill speed; before, both were priced at the stand-in and tied.
+func TestCostMetricPricesPrefillFromTheFirstReport(t *testing.T) {
+	slow := serveSim(t, sglangsim.Config{Name: "slow", MaxTotalTokens: 200000, PrefillTokensPerSec: 1e4, DecodeTokensPerSec: 1e5}, nil)
+	fast := serveSim(t, sglangsim.Config{Name: "fast", MaxTotalTokens: 200000, PrefillTokensPerSec: 1e5, DecodeTokensPerSec: 1e5}, nil)
+	speeds := map[string]float64{}
+	var addrs []string
+	for _, w := range []struct {
+		hs    *httptest.Server
+		speed float64
+	}{{slow, 1e4}, {fast, 1e5}} {
+		// 4,000 tokens prefilled before the proxy starts: 0.4 s and 0.04 s of prefill.
+		post(t, w.hs.URL+"/generate", `{"text":"warm up","prompt_tokens":4000,"sampling_params":{"max_new_tokens":1}}`, nil)
+		addr := strings.TrimPrefix(w.hs.URL, "http://")
+		addrs, speeds[addr] = append(addrs, addr), w.speed
+	}
+	tester := caddytest.NewTester(t)
+	// An interval of a minute: the warm-up polls are 6 s apart, and the requests below go out before
+	// the second.
+	tester.InitServer(caddyfileFor("interval 1m", "metric cost", addrs...), "caddyfile")
+	eventually(t, 5*time.Second, func() bool {
+		ws := workers(t)
+		return ws[addrs[0]].PollsOK > 0 && ws[addrs[1]].PollsOK > 0
+	}, "both workers polled")
+	ws := workers(t)
+	for _, addr := range addrs {
+		if s := ws[addr].Score; ws[addr].PollsOK != 1 || s == nil || s.Prefill == nil || math.Abs(*s.Prefill-speeds[addr]) > speeds[addr]/100 {
+			t.Fatalf("%s after %d polls: score %+v, want a prefill speed of %v tokens/s from its first report", addr, ws[addr].PollsOK, s, speeds[addr])
+		}
+	}
+	// 20,000 prompt tokens: 2 s of prefill on the slow worker, 0.2 s on the fast one.
+	for i := range 10 {
+		if code, by, _ := sendGenerate(t, `{"text":"a long document","prompt_tokens":20000,"sampling_params":{"max_new_tokens":1}}`); code != http.StatusOK || by != "fast" {
+			t.Fatalf("long prompt %d: status %d from %q, want 200 from the fast worker", i, code, by)
+		}
 	}
 }

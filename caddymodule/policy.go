@@ -81,7 +81,9 @@ type Policy struct {
 	DefaultMaxTokens int64 `json:"default_max_tokens,omitempty"`
 
 	// Prefill speed, in prompt tokens/s per worker, that the cost metric assumes for a worker whose
-	// reports do not measure it (total_prefill_uncached_tokens and total_prefill_busy_us). Default: 8000.
+	// reports do not measure it (total_prefill_uncached_tokens and total_prefill_busy_us). Default: the
+	// fastest prefill per DP rank that any of this policy's workers measured lately times the worker's
+	// ranks, and never less than 8000 (so that such a worker gets prompts, and is measured).
 	PrefillTokensPerSec float64 `json:"prefill_tokens_per_sec,omitempty"`
 
 	// Decode speed, in output tokens/s, of a request alone on a worker, that the cost metric assumes
@@ -374,9 +376,15 @@ func (p *Policy) costParams(params *loadpolicy.CostParams) {
 	if mean := p.sizes.prompt.Load(); mean > 0 {
 		params.ResidualPromptTokens = p.sizes.promptSq.Load() / (2 * mean)
 	}
-	if p.DecodeTokensPerSec == 0 && p.app != nil {
-		fastest, ratio := p.fleet.load()
+	if p.app == nil {
+		return
+	}
+	fastest, ratio, fastestPrefill := p.fleet.load()
+	if p.DecodeTokensPerSec == 0 {
 		params.DecodeTokensPerSec, params.DecodePerPrefill = max(params.DecodeTokensPerSec, fastest), ratio
+	}
+	if p.PrefillTokensPerSec == 0 {
+		params.PrefillPerRankFloor = fastestPrefill
 	}
 }
 

@@ -24,6 +24,10 @@ type Request struct {
 type CostParams struct {
 	// PrefillTokensPerSec is a worker's prefill speed where its reports do not measure it.
 	PrefillTokensPerSec float64
+	// PrefillPerRankFloor, when positive, is the least prefill speed per data-parallel rank at which a
+	// worker whose prefill is not measured is priced (the fleet's fastest, lately): priced at a slow
+	// stand-in, such a worker would get no prompt to prefill, so never be measured.
+	PrefillPerRankFloor float64
 	// DecodeTokensPerSec is the decode speed of a request alone on a worker not yet measured (fewer
 	// than trustedReadings reports caught it decoding): it is priced at no less than this.
 	DecodeTokensPerSec float64
@@ -193,6 +197,9 @@ type workload struct {
 	readGen, readBatch float64
 	prefill            float64 // measured prefill speed of the whole worker, tokens/s; 0 when never measured
 	prefillOK          bool    // prefill was measured from the worker's counters (by this report or an earlier one)
+	// prefillWindowed says that prefill was measured between two reports, not over the worker's life
+	// (Report.LifetimePrefillPerRank, which prices a worker from its first report until then).
+	prefillWindowed bool
 	// prefillBusy is the fraction of the time between the last two reports that the worker's prefill
 	// was busy, from its counters; 0 when not measured.
 	prefillBusy float64
@@ -290,6 +297,11 @@ func deriveWorkload(r *Report) workload {
 		w.sampled = w.addDecodeReading(r.GenThroughput, r.Running)
 	}
 	w.readsPrefill = all&FieldPrefillCounters != 0
+	if r.LifetimePrefillPerRank > 0 {
+		// A worker that prefilled before this proxy first polled it (a proxy started or scaled out in
+		// front of a running fleet) is priced at its speed from its first report, not at the stand-in.
+		w.prefill, w.prefillOK = r.LifetimePrefillPerRank*float64(w.ranks), true
+	}
 	return w
 }
 
@@ -313,7 +325,11 @@ func (r *Report) Follow(prev *Report) {
 	r.work.runningSum += prev.work.runningSum * kept
 	r.work.readingsSum += prev.work.readingsSum * kept
 	r.work.setAlone()
-	r.work.prefill, r.work.prefillOK = prev.work.prefill, prev.work.prefillOK
+	if prev.work.prefillWindowed || !r.work.prefillOK {
+		// A speed measured between two reports is the recent one: it stands until the next such
+		// measurement. Before one, this report's lifetime speed is the newest.
+		r.work.prefill, r.work.prefillOK, r.work.prefillWindowed = prev.work.prefill, prev.work.prefillOK, prev.work.prefillWindowed
+	}
 	if len(prev.Ranks) != len(r.Ranks) {
 		return
 	}
@@ -338,7 +354,7 @@ func (r *Report) Follow(prev *Report) {
 		return
 	}
 	r.work.prefill = perRank * float64(len(r.Ranks)) // the worker has ranks of them
-	r.work.prefillOK = true
+	r.work.prefillOK, r.work.prefillWindowed = true, true
 }
 
 // prefillPerRank is one rank's prefill speed, tokens/s, from the tokens prefilled in busyUS
@@ -390,7 +406,8 @@ func (r *Report) Senders() float64 { return r.work.senders }
 // support, 0 when none measured one.
 func (r *Report) DecodeAloneTokensPerSec() float64 { return r.work.alone }
 
-// PrefillTokensPerSec is the worker's measured prefill speed, and whether it was measured.
+// PrefillTokensPerSec is the worker's measured prefill speed, and whether it was measured: between two
+// reports, else over the worker's life (LifetimePrefillPerRank).
 func (r *Report) PrefillTokensPerSec() (float64, bool) { return r.work.prefill, r.work.prefillOK }
 
 // Priced reports whether the report carries what the cost model needs: running and waiting counts.
@@ -629,7 +646,7 @@ func (w *workload) prefillSpeed(p *CostParams) float64 {
 	if w.prefillOK {
 		return atLeast(w.prefill, 1)
 	}
-	return atLeast(p.PrefillTokensPerSec, 1)
+	return atLeast(max(p.PrefillTokensPerSec, p.PrefillPerRankFloor*float64(max(w.ranks, 1))), 1)
 }
 
 // atLeast is max(v, lo) for values that are never NaN, without math.Max's NaN and signed-zero care.

@@ -446,15 +446,16 @@ func TestCostFallbacks(t *testing.T) {
 	if got, want := rep.Cost(Request{400, 100}, 0, &Since{}, &params), 0.05+100/perRequest(50, 4); math.Abs(got-want) > 1e-9 {
 		t.Errorf("counts only: %v s, want %v", got, want)
 	}
-	// A restarted worker's counters go backwards: no speed measured, the default stays.
+	// A restarted worker's counters go backwards: nothing is measured between the two reports, and the
+	// worker is priced at its new counters' ratio (10 tokens in 1 s).
 	prev := NewReport(time.Unix(0, 0), "", []Rank{{Running: 1, PrefillUncachedTokens: 9000, PrefillBusyUS: 9e6, Fields: FieldRunning | FieldWaiting | FieldPrefillCounters}})
 	rep = NewReport(time.Unix(1, 0), "", []Rank{{Running: 1, PrefillUncachedTokens: 10, PrefillBusyUS: 1e6, Fields: FieldRunning | FieldWaiting | FieldPrefillCounters}})
 	rep.Follow(prev)
-	if _, ok := rep.PrefillTokensPerSec(); ok {
-		t.Error("backward counters measured a speed")
+	if s, ok := rep.PrefillTokensPerSec(); !ok || s != 10 {
+		t.Errorf("backward counters: prefill speed %v %v, want the new counters' 10", s, ok)
 	}
 	// Too little busy time between polls measures nothing either, but keeps an earlier measurement.
-	prev.work.prefill, prev.work.prefillOK = 3000, true
+	prev.work.prefill, prev.work.prefillOK, prev.work.prefillWindowed = 3000, true, true
 	rep = NewReport(time.Unix(1, 0), "", []Rank{{Running: 1, PrefillUncachedTokens: 9010, PrefillBusyUS: 9e6 + 100, Fields: FieldRunning | FieldWaiting | FieldPrefillCounters}})
 	rep.Follow(prev)
 	if s, ok := rep.PrefillTokensPerSec(); !ok || s != 3000 {
@@ -464,6 +465,46 @@ func TestCostFallbacks(t *testing.T) {
 	rep = NewReport(time.Unix(0, 0), "", []Rank{{PrefillUncachedTokens: -1, PrefillBusyUS: 5, Fields: FieldPrefillCounters}})
 	if rep.Ranks[0].Has(FieldPrefillCounters) {
 		t.Error("negative prefill counter kept")
+	}
+}
+
+// A worker that prefilled before its first report (a proxy started in front of a running fleet) is
+// priced at its counters' ratio over its life from that report on, until two reports measure its speed
+// between them: that one then stands, as the recent speed, while the counters stand still. A worker
+// not measured is priced at no slower than the fleet's fastest per rank (CostParams.PrefillPerRankFloor).
+func TestPrefillSpeedFromTheFirstReport(t *testing.T) {
+	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 16, MeanOutputTokens: 100}
+	var prev *Report
+	for _, tc := range []struct {
+		name   string
+		rep    *Report
+		follow bool    // follow the previous case's report
+		speed  float64 // prefill tokens/s; 0: not measured
+		want   float64 // seconds for 800 prompt and 100 output tokens: 800/speed + 100/50
+	}{
+		{"first report, 40,000 tokens in 10 s of prefill", counters(0, 0, 0, 40000, 10e6), false, 4000, 800.0/4000 + 2},
+		{"2,000 more in 0.25 s", counters(1, 0, 0, 42000, 10.25e6), true, 8000, 800.0/8000 + 2},
+		{"counters still: the window's speed stands", counters(2, 0, 0, 42000, 10.25e6), true, 8000, 800.0/8000 + 2},
+		{"first report, under 20 ms of prefill: the stand-in", counters(0, 0, 0, 100, 10e3), false, 0, 800.0/8000 + 2},
+	} {
+		if tc.follow {
+			tc.rep.Follow(prev)
+		}
+		prev = tc.rep
+		speed, ok := tc.rep.PrefillTokensPerSec()
+		if ok != (tc.speed > 0) || math.Abs(speed-tc.speed) > 1e-9 {
+			t.Errorf("%s: prefill speed %v (measured %v), want %v", tc.name, speed, ok, tc.speed)
+		}
+		if got := tc.rep.Cost(Request{800, 100}, 0, &Since{}, &params); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("%s: %.6f s, want %.6f", tc.name, got, tc.want)
+		}
+	}
+	// Not measured, on two ranks, with the fleet's fastest at 10,000 tokens/s per rank: the worker
+	// prefills at no less than 20,000, a prompt on one rank at 10,000: 800/10000 + 2.
+	two := NewReport(time.Unix(0, 0), "", []Rank{worker(0, 0, 0, 0, 10000, 8, 0), worker(0, 0, 0, 0, 10000, 8, 0)})
+	params.PrefillPerRankFloor = 10000
+	if got, want := two.Cost(Request{800, 100}, 0, &Since{}, &params), 800.0/10000+2; math.Abs(got-want) > 1e-9 {
+		t.Errorf("not measured, the fleet's floor: %.6f s, want %.6f", got, want)
 	}
 }
 
