@@ -56,20 +56,14 @@ type affinityWorkload struct {
 // affinityWorkloads are the workloads, the shared-prefix and tools ones with questions per group (the
 // default shape's when 0).
 func affinityWorkloads(questions int) []affinityWorkload {
-	sp, ss, tw := defaultSharedPrefix, defaultSessions, defaultTools
+	sp, ss, tw, ag := defaultSharedPrefix, defaultSessions, defaultTools, defaultAgents
 	sp.questions = cmp.Or(questions, sp.questions)
 	tw.questions = cmp.Or(questions, tw.questions)
 	// Turn t resends the history: its prompt P_t is the first message, t answers and t more messages. The
 	// simulator, as SGLang's radix cache, keeps prompts and answers: all of P_t but the new message is
 	// cached in the ideal case, nothing of turn 0.
-	var sessPrompt, sessCached float64
-	for t := range ss.turns {
-		p := float64(ss.firstTokens + t*(ss.outputTokens+ss.messageTokens))
-		sessPrompt += p
-		if t > 0 {
-			sessCached += p - float64(ss.messageTokens)
-		}
-	}
+	sessPrompt, sessCached := sessionsIdeal(ss)
+	agentsPrompt, agentsCached := sessionsIdeal(ag)
 	return []affinityWorkload{
 		{name: "shared-prefix",
 			about: fmt.Sprintf("SGLang bench_serving generated-shared-prefix shape: %d groups, %d-token system prompt, %d questions of %d tokens per group, "+
@@ -86,6 +80,14 @@ func affinityWorkloads(questions int) []affinityWorkload {
 			ideal: fmt.Sprintf("Σ_{t≥1}(P_t − m) / Σ_t P_t with P_t = F + t(o+m) = %.3f at full-length answers: all but each turn's new "+
 				"message is cached, the previous answers too (the simulator, as SGLang's radix cache, keeps generated tokens); "+
 				"answers that end early lower it", sessCached/sessPrompt)},
+		{name: "agents",
+			about: fmt.Sprintf("agents' conversations: %d applications, each with its own tool definitions of %d tokens (past the first 16 KiB of the prompt); "+
+				"%d sessions of %d turns, each of one application, starting at Poisson arrivals of rate ÷ %d; first message %d tokens, then %d tokens a turn, "+
+				"%d output tokens (max), think time %s mean; each turn resends the tools and the history with the answers as received",
+				ag.apps, ag.toolTokens, ag.sessions, ag.turns, ag.turns, ag.firstTokens, ag.messageTokens, ag.outputTokens, ag.thinkTime),
+			jobs: func(seed int64, rate float64) []job { return sessionWorkload(seed, rate/float64(ag.turns), ag) },
+			ideal: fmt.Sprintf("Σ_t cached / Σ_t P_t with P_t = T + F + t(o+m), the tools cached at turn 0 and all but the new message after, "+
+				"= %.3f at full-length answers (each application's first turn finds nothing; answers that end early lower it)", agentsCached/agentsPrompt)},
 		{name: "tools",
 			about: fmt.Sprintf("agents: %d applications, each with its own tool definitions of %d tokens (JSON, sent after the messages as the OpenAI SDK sends them), "+
 				"%d questions of %d tokens per application as the only message, %d output tokens, applications interleaved at random, Poisson arrivals: "+
@@ -100,6 +102,22 @@ func affinityWorkloads(questions int) []affinityWorkload {
 			jobs:  func(seed int64, rate float64) []job { return qualityWorkload(seed, rate, sp.groups*sp.questions) },
 			ideal: "0 (no two prompts share a block)"},
 	}
+}
+
+// sessionsIdeal is the prompt tokens of a session of shape s summed over its turns, and of them those
+// an ideal cache holds: turn t resends the tools, the first message, t answers and t more messages, so
+// all but its new message is cached after turn 0, and turn 0 finds the tools.
+func sessionsIdeal(s sessionShape) (prompt, cached float64) {
+	for t := range s.turns {
+		p := float64(s.toolTokens + s.firstTokens + t*(s.outputTokens+s.messageTokens))
+		prompt += p
+		if t > 0 {
+			cached += p - float64(s.messageTokens)
+		} else {
+			cached += float64(s.toolTokens)
+		}
+	}
+	return prompt, cached
 }
 
 // caddyAccepts reports whether the binary adapts a Caddyfile with this lb_policy.
@@ -157,7 +175,7 @@ func runAffinity(ctx context.Context, o affinityOptions, stdout, stderr io.Write
 			}
 		}
 		if !found {
-			return fmt.Errorf("-workloads: unknown workload %q: want shared-prefix, sessions, tools or unique", name)
+			return fmt.Errorf("-workloads: unknown workload %q: want shared-prefix, sessions, agents, tools or unique", name)
 		}
 	}
 	mark := markCPU()

@@ -203,16 +203,30 @@ type sessionShape struct {
 	firstTokens, messageTokens int
 	outputTokens               int
 	thinkTime                  time.Duration // mean, exponential
+	// apps, when not 0, gives each session the tool definitions of application session % apps, of
+	// toolTokens tokens: an agent's conversations, which share the application's tools ahead of their
+	// own messages.
+	apps, toolTokens int
 }
 
 var defaultSessions = sessionShape{sessions: 64, turns: 6, firstTokens: 1024, messageTokens: 128, outputTokens: 128,
 	thinkTime: 2 * time.Second}
+
+// defaultAgents is a coding agent's shape: a few applications whose tools and instructions run past 16
+// KiB (5,120 tokens), each with its users' conversations of several turns behind them.
+var defaultAgents = sessionShape{sessions: 48, turns: 6, firstTokens: 512, messageTokens: 128, outputTokens: 128,
+	thinkTime: 2 * time.Second, apps: 4, toolTokens: 5120}
 
 // sessionWorkload returns every turn of every session; at is the session's start for turn 0 and the think
 // time after the previous answer for later turns. messages holds only the new user message: the sender
 // prepends the history.
 func sessionWorkload(seed int64, rate float64, s sessionShape) []job {
 	rnd := rand.New(rand.NewPCG(uint64(seed), 0xc4a7))
+	tools := make([]string, s.apps)
+	toolsRnd := rand.New(rand.NewPCG(uint64(seed), 0xa9e7)) // a stream of its own: sessions without tools draw as before
+	for a := range tools {
+		tools[a] = toolDefinitions(toolsRnd, nonce(seed, s.sessions+a), s.toolTokens)
+	}
 	var jobs []job
 	var start time.Duration
 	for g := range s.sessions {
@@ -227,6 +241,9 @@ func sessionWorkload(seed int64, rate float64, s sessionShape) []job {
 			}
 			jobs = append(jobs, job{index: len(jobs), at: at, stream: true, maxTokens: s.outputTokens, group: g, turn: t,
 				pick: rnd.Float64(), messages: []message{{"user", content}}, session: fmt.Sprintf("%d-%d", seed, g)})
+			if s.apps > 0 {
+				jobs[len(jobs)-1].tools = tools[g%s.apps]
+			}
 		}
 	}
 	return jobs

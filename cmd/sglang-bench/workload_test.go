@@ -208,6 +208,35 @@ func TestSessionWorkload(t *testing.T) {
 	}
 }
 
+// An agent's sessions are sessions whose every turn carries its application's tools: the same for
+// the sessions of one application, others for another's. The sessions draw as they do without tools.
+func TestAgentsWorkload(t *testing.T) {
+	s := sessionShape{sessions: 6, turns: 3, firstTokens: 100, messageTokens: 20, outputTokens: 8, thinkTime: time.Second,
+		apps: 2, toolTokens: 300}
+	jobs := sessionWorkload(3, 1, s)
+	plain := s
+	plain.apps, plain.toolTokens = 0, 0
+	bare := sessionWorkload(3, 1, plain)
+	tools := map[int]string{}
+	for i, j := range jobs {
+		app := j.group % s.apps
+		if got := promptTokens(j.tools, nil); got != s.toolTokens {
+			t.Fatalf("job %d: %d tokens of tools, want %d", i, got, s.toolTokens)
+		}
+		if prev, ok := tools[app]; ok && prev != j.tools {
+			t.Fatalf("job %d: application %d's tools differ from one session to another", i, app)
+		}
+		tools[app] = j.tools
+		j.tools = ""
+		if !reflect.DeepEqual(j, bare[i]) {
+			t.Fatalf("job %d: %+v, want as without tools %+v", i, j, bare[i])
+		}
+	}
+	if tools[0] == tools[1] {
+		t.Fatal("two applications share their tools")
+	}
+}
+
 func TestSequencesKeepsSingleJobsApart(t *testing.T) {
 	jobs := sharedPrefixWorkload(1, 10, sharedPrefixShape{groups: 2, questions: 3, systemTokens: 32, questionTokens: 16, outputTokens: 4})
 	seqs := sequences(jobs)
