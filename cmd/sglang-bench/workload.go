@@ -212,10 +212,11 @@ type sessionShape struct {
 var defaultSessions = sessionShape{sessions: 64, turns: 6, firstTokens: 1024, messageTokens: 128, outputTokens: 128,
 	thinkTime: 2 * time.Second}
 
-// defaultAgents is a coding agent's shape: a few applications whose tools and instructions run past 16
-// KiB (5,120 tokens), each with its users' conversations of several turns behind them.
-var defaultAgents = sessionShape{sessions: 48, turns: 6, firstTokens: 512, messageTokens: 128, outputTokens: 128,
-	thinkTime: 2 * time.Second, apps: 4, toolTokens: 5120}
+// defaultAgents is a coding agent's shape: two applications whose tools and instructions run past 16
+// KiB (5,120 tokens), each with many users' conversations of several turns behind them, more than one
+// worker holds at a busy rate.
+var defaultAgents = sessionShape{sessions: 160, turns: 6, firstTokens: 512, messageTokens: 128, outputTokens: 128,
+	thinkTime: 2 * time.Second, apps: 2, toolTokens: 5120}
 
 // sessionWorkload returns every turn of every session; at is the session's start for turn 0 and the think
 // time after the previous answer for later turns. messages holds only the new user message: the sender
