@@ -34,7 +34,7 @@ type Worker struct {
 // in a bucket of 4 entries that its hash picks; once the index has grown to its cap, a new block takes
 // its bucket's least recently used entry. Recording a block touches one bucket, no list and no probe
 // sequence: a least-recently-used list over a hash table cost about 100 ns a block, mostly cache
-// misses, and a unique 16 KiB prompt is 64 blocks. It is safe for concurrent use; each block's lookup
+// misses, and a unique 16 KiB prompt is 64 blocks (a key holds up to 256). It is safe for concurrent use; each block's lookup
 // takes the lock of one of 16 shards.
 type Index struct {
 	shards [shardCount]shard

@@ -10,8 +10,10 @@ package affinity
 const (
 	BlockTokens = 64
 	BlockBytes  = BlockTokens * bytesPerToken
-	// MaxBlocks is a capacity for Request.Blocks that keys the first 16 KiB of prompt text.
-	MaxBlocks = 64
+	// MaxBlocks is a capacity for Request.Blocks that keys the first 64 KiB of prompt text, as much as
+	// the policy reads of a body by default: an agent's instructions and tools often run past 16 KiB,
+	// and a key that holds nothing else gives every one of its conversations the same key.
+	MaxBlocks = 256
 
 	bytesPerToken = 4
 )

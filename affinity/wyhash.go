@@ -10,7 +10,7 @@ import (
 // reference (github.com/wangyi-fudan/wyhash) computes it on a little-endian machine, WYHASH_CONDOM 1:
 // the same in every process, as keys must be. It hashes a prompt block at about 21 GB/s here, where
 // xxhash's assembly hashes a block at 13.5: a 256-byte block is short for xxhash's four lanes, and a
-// 16 KiB prompt is 64 of them.
+// 16 KiB prompt is 64 of them (a key holds up to 256).
 func wyhash(s []byte, seed uint64) uint64 {
 	le := binary.LittleEndian
 	n := len(s)

@@ -28,12 +28,16 @@ type requestState struct {
 	header [1]uint64 // a session header's key
 }
 
-// prefixState is a requestState with room for a prefix key's blocks, which only `affinity prefix`
-// takes: a fifth of the size of one with them.
+// prefixState is a requestState with room for the key of a body of up to 16 KiB, which only `affinity
+// prefix` takes; a longer body's key takes a slice of its own, as long as the body needs (room for
+// affinity.MaxBlocks took every request's state from 0.8 to 2.4 KiB, and Select 5-15% longer).
 type prefixState struct {
 	requestState
-	blocks [affinity.MaxBlocks]uint64
+	blocks [inlineBlocks]uint64
 }
+
+// inlineBlocks is how many blocks a prefixState holds in place: a 16 KiB prompt's.
+const inlineBlocks = 64
 
 // requestStateVar names the request variable that holds the request's *requestState.
 const requestStateVar = "sglang_load.request"
@@ -58,6 +62,9 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 		ps := new(prefixState)
 		st = &ps.requestState
 		st.body.Blocks = ps.blocks[:0]
+		if n := keyBlocks(r.ContentLength, limit); n > inlineBlocks {
+			st.body.Blocks = make([]uint64, 0, n)
+		}
 	} else {
 		st = new(requestState) // no blocks: Parse keys nothing
 	}
@@ -90,6 +97,16 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 	}
 	caddyhttp.SetVar(r.Context(), requestStateVar, st)
 	return st
+}
+
+// keyBlocks is the most blocks a prefix key takes from a body of contentLength bytes (-1: unknown) of
+// which limit are read.
+func keyBlocks(contentLength int64, limit int) int {
+	n := int64(limit)
+	if contentLength >= 0 {
+		n = min(n, contentLength)
+	}
+	return int(min((n+affinity.BlockBytes-1)/affinity.BlockBytes, affinity.MaxBlocks))
 }
 
 // unreadSize is r's size where its body is not read: the prompt from Content-Length, the output from

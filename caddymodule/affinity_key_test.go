@@ -125,3 +125,25 @@ func TestHeaderSessionOfUnknownSizeFollowsItsSession(t *testing.T) {
 		t.Errorf("32 sessions went to %d of 16 workers, want them spread by their keys", len(used))
 	}
 }
+
+// A prefix key has room for as many blocks as the body read can hold, up to affinity.MaxBlocks.
+func TestKeyBlocks(t *testing.T) {
+	for _, c := range []struct {
+		contentLength int64
+		limit, want   int
+	}{
+		{0, 64 << 10, 0},
+		{100, 64 << 10, 1},
+		{16 << 10, 64 << 10, 64},
+		{16<<10 + 1, 64 << 10, 65},
+		{40 << 10, 64 << 10, 160},
+		{1 << 30, 64 << 10, 256},
+		{-1, 64 << 10, 256}, // chunked: as much as is read
+		{-1, 4 << 10, 16},
+		{1 << 30, 1 << 30, affinity.MaxBlocks},
+	} {
+		if got := keyBlocks(c.contentLength, c.limit); got != c.want {
+			t.Errorf("keyBlocks(%d, %d) = %d, want %d", c.contentLength, c.limit, got, c.want)
+		}
+	}
+}

@@ -331,6 +331,34 @@ func TestAffinityPrefix(t *testing.T) {
 	}
 }
 
+// A prompt is keyed as far as the policy reads it (64 KiB by default), not only its first 16 KiB: an
+// agent's instructions and tools often run longer, and a key that holds nothing else gives all of its
+// conversations one key. A chat of 40 KiB is 160 blocks of 256 bytes, which the index records where it
+// went; a body of up to 16 KiB keeps its key in the request's state, a longer one in a slice of its own.
+func TestAffinityKeysALongPrompt(t *testing.T) {
+	ws := affinityCaddy(t, "prefix")
+	recorded := func() (n int64) {
+		for _, w := range workers(t) {
+			if w.AffinityBlocks != nil {
+				n += *w.AffinityBlocks
+			}
+		}
+		return n
+	}
+	before := recorded()
+	long := strings.Repeat("an agent's instructions and tools. ", 40<<10/35+1)[:40<<10]
+	got := sentTo(ws, func() {
+		post(t, "http://localhost:9080/v1/chat/completions", fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"max_tokens":4}`, long), nil)
+	})
+	if got[0]+got[1]+got[2] != 1 {
+		t.Fatalf("one request reached %v", got)
+	}
+	// The key: "user", 0, the content, 0: 40,966 bytes, 160 whole blocks.
+	if n := recorded() - before; n != 160 {
+		t.Errorf("the index recorded %d blocks of a 40 KiB prompt, want 160", n)
+	}
+}
+
 // With affinity header, a session's requests follow it to one worker whatever their prompts, and
 // sessions spread over the workers; a request without the header is routed on load alone.
 func TestAffinityHeader(t *testing.T) {

@@ -298,11 +298,12 @@ func TestIdealCacheRemembersAnswers(t *testing.T) {
 }
 
 // TestAffinityWorkloadsQuestions checks that -questions sizes the shared-prefix and tools workloads,
-// their ideals and the unique one alike, and that 0 keeps the default shape.
+// their ideals and the unique one alike, and that 0 keeps the default shape; the conversations'
+// workloads (sessions, agents) have their own shape.
 func TestAffinityWorkloadsQuestions(t *testing.T) {
 	for _, tc := range []struct{ questions, want int }{{0, defaultSharedPrefix.questions}, {64, 64}} {
 		for _, w := range affinityWorkloads(tc.questions) {
-			if w.name == "sessions" {
+			if w.name == "sessions" || w.name == "agents" {
 				continue
 			}
 			requests := defaultSharedPrefix.groups * tc.want
