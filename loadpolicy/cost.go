@@ -646,7 +646,11 @@ func (w *workload) prefillSpeed(p *CostParams) float64 {
 	if w.prefillOK {
 		return atLeast(w.prefill, 1)
 	}
-	return atLeast(max(p.PrefillTokensPerSec, p.PrefillPerRankFloor*float64(max(w.ranks, 1))), 1)
+	speed := p.PrefillTokensPerSec
+	if floor := p.PrefillPerRankFloor * float64(w.ranks); floor > speed { // ranks >= 1 where Cost prices
+		speed = floor
+	}
+	return atLeast(speed, 1)
 }
 
 // atLeast is max(v, lo) for values that are never NaN, without math.Max's NaN and signed-zero care.
