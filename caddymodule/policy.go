@@ -118,8 +118,8 @@ type Policy struct {
 	// prompt), in bytes: the head of the body, put back so the upstream receives the same bytes. Only
 	// JSON bodies of /v1/chat/completions, /v1/completions and /generate without a Content-Encoding are
 	// read. The signal metrics read it only when the Content-Length says the prompt is too long for a
-	// worker, or when the body is chunked. -1: never read; the prompt is then estimated from Content-Length and the output is
-	// default_max_tokens. Default: 65536.
+	// worker, or when the body is chunked. -1: never read; the prompt is then estimated from
+	// Content-Length and the output is default_max_tokens. Default: 65536.
 	ReadBody int `json:"read_body,omitempty"`
 
 	// How many more requests in a decoding batch halve each one's decode speed, for the cost metric:
