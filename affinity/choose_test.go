@@ -615,3 +615,32 @@ func TestRendezvousTopIsTheOrder(t *testing.T) {
 		}
 	}
 }
+
+// A conversation that continues behind a shared part of at least RendezvousBlocks (an application's
+// instructions or tools) draws its order from its own first blocks past that part; a first turn, a
+// one-off prompt, and a conversation behind a shorter shared part draw it from the key's first blocks.
+func TestRendezvousKeyOfAConversation(t *testing.T) {
+	shared := []uint64{1, 2, 3, 4, 5, 6}
+	a := append(append([]uint64(nil), shared...), 11, 12, 13, 14, 15)
+	b := append(append([]uint64(nil), shared...), 21, 22, 23, 24, 25)
+	for _, c := range []struct {
+		name   string
+		key    Key
+		want   uint64
+		sameAB bool
+	}{
+		{"continues behind 6 shared blocks", Key{Blocks: a, Continues: true, SharedBlocks: 6}, 14, false},
+		{"first turn behind 6 shared blocks", Key{Blocks: a, SharedBlocks: 6}, 4, true},
+		{"continues behind 2 shared blocks", Key{Blocks: a, Continues: true, SharedBlocks: 2}, 4, true},
+		{"continues, its own part shorter than 4 blocks", Key{Blocks: a[:8], Continues: true, SharedBlocks: 6}, 12, false},
+	} {
+		if got := c.key.rendezvousKey(); got != c.want {
+			t.Errorf("%s: rendezvous key %d, want %d", c.name, got, c.want)
+		}
+		other := c.key
+		other.Blocks = b[:len(c.key.Blocks)]
+		if same := other.rendezvousKey() == c.key.rendezvousKey(); same != c.sameAB {
+			t.Errorf("%s: two conversations share their rendezvous key: %v, want %v", c.name, same, c.sameAB)
+		}
+	}
+}
