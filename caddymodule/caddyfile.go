@@ -182,13 +182,9 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("affinity: too many values")
 			}
 		case "affinity_balance":
-			v, err := oneArg(d)
+			f, err := oneFloat(d, "a number >= 1", func(f float64) bool { return f >= 1 })
 			if err != nil {
 				return err
-			}
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || !(f >= 1) || math.IsInf(f, 0) {
-				return d.Errf("affinity_balance: want a number >= 1, got %q", v)
 			}
 			p.AffinityBalance = f
 		case "affinity_index_size":
@@ -221,36 +217,27 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			p.DefaultMaxTokens = int64(n)
-		case "prefill_tokens_per_sec", "decode_tokens_per_sec", "decode_batch_halving":
+		case "prefill_tokens_per_sec", "decode_tokens_per_sec":
 			name := d.Val()
-			v, err := oneArg(d)
+			f, err := oneFloat(d, "a number > 0", func(f float64) bool { return f > 0 })
 			if err != nil {
 				return err
-			}
-			f, err := strconv.ParseFloat(v, 64)
-			if name == "decode_batch_halving" {
-				if err != nil || !(f >= 1) || math.IsInf(f, 0) {
-					return d.Errf("%s: want a number >= 1, got %q", name, v)
-				}
-				p.DecodeBatchHalving = f
-				break
-			}
-			if err != nil || !(f > 0) || math.IsInf(f, 0) {
-				return d.Errf("%s: want a number > 0, got %q", name, v)
 			}
 			if name == "prefill_tokens_per_sec" {
 				p.PrefillTokensPerSec = f
 			} else {
 				p.DecodeTokensPerSec = f
 			}
-		case "delay_to_others":
-			v, err := oneArg(d)
+		case "decode_batch_halving":
+			f, err := oneFloat(d, "a number >= 1", func(f float64) bool { return f >= 1 })
 			if err != nil {
 				return err
 			}
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || !(f >= 0 && f <= 1) {
-				return d.Errf("delay_to_others: want a number from 0 to 1, got %q", v)
+			p.DecodeBatchHalving = f
+		case "delay_to_others":
+			f, err := oneFloat(d, "a number from 0 to 1", func(f float64) bool { return f >= 0 && f <= 1 })
+			if err != nil {
+				return err
 			}
 			p.DelayToOthers = &f
 		case "inflight_correction":
@@ -344,6 +331,21 @@ func oneArg(d *caddyfile.Dispenser) (string, error) {
 		return "", d.Errf("%s: too many values", name)
 	}
 	return v, nil
+}
+
+// oneFloat is the directive's one value, a finite number for which ok holds; else an error naming the
+// directive, what it wants and the value.
+func oneFloat(d *caddyfile.Dispenser, want string, ok func(float64) bool) (float64, error) {
+	name := d.Val()
+	v, err := oneArg(d)
+	if err != nil {
+		return 0, err
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsInf(f, 0) || math.IsNaN(f) || !ok(f) {
+		return 0, d.Errf("%s: want %s, got %q", name, want, v)
+	}
+	return f, nil
 }
 
 func parsePositiveDuration(d *caddyfile.Dispenser) (caddy.Duration, error) {
