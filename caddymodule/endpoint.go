@@ -351,8 +351,8 @@ func (f *fleetSpeed) note(rep *loadpolicy.Report) {
 	alone := rep.DecodeAloneTokensPerSec()
 	f.fastest.update(func(old float64) float64 { return max(alone, old*fleetSpeedMemory) })
 	var prefill float64
-	if speed, ok := rep.PrefillTokensPerSec(); ok && len(rep.Ranks) > 0 {
-		prefill = speed / float64(len(rep.Ranks))
+	if speed, ok := rep.PrefillPerRankTokensPerSec(); ok {
+		prefill = speed
 	}
 	f.fastestPrefill.update(func(old float64) float64 { return max(prefill, old*fleetSpeedMemory) })
 	f.mu.Lock()

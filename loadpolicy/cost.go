@@ -410,6 +410,11 @@ func (r *Report) DecodeAloneTokensPerSec() float64 { return r.work.alone }
 // reports, else over the worker's life (LifetimePrefillPerRank).
 func (r *Report) PrefillTokensPerSec() (float64, bool) { return r.work.prefill, r.work.prefillOK }
 
+// PrefillPerRankTokensPerSec is PrefillTokensPerSec on one data-parallel rank, where a request prefills.
+func (r *Report) PrefillPerRankTokensPerSec() (float64, bool) {
+	return r.work.prefillPerRank(), r.work.prefillOK
+}
+
 // Priced reports whether the report carries what the cost model needs: running and waiting counts.
 func (r *Report) Priced() bool { return r != nil && r.work.has }
 
