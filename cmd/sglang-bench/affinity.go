@@ -56,7 +56,7 @@ type affinityWorkload struct {
 // affinityWorkloads are the workloads, the shared-prefix and tools ones with questions per group (the
 // default shape's when 0).
 func affinityWorkloads(questions int) []affinityWorkload {
-	sp, ss, tw, ag := defaultSharedPrefix, defaultSessions, defaultTools, defaultAgents
+	sp, ss, tw, ag, ch := defaultSharedPrefix, defaultSessions, defaultTools, defaultAgents, defaultChat
 	sp.questions = cmp.Or(questions, sp.questions)
 	tw.questions = cmp.Or(questions, tw.questions)
 	// Turn t resends the history: its prompt P_t is the first message, t answers and t more messages. The
@@ -64,6 +64,7 @@ func affinityWorkloads(questions int) []affinityWorkload {
 	// cached in the ideal case, nothing of turn 0.
 	sessPrompt, sessCached := sessionsIdeal(ss)
 	agentsPrompt, agentsCached := sessionsIdeal(ag)
+	chatPrompt, chatCached := sessionsIdeal(ch)
 	return []affinityWorkload{
 		{name: "shared-prefix",
 			about: fmt.Sprintf("SGLang bench_serving generated-shared-prefix shape: %d groups, %d-token system prompt, %d questions of %d tokens per group, "+
@@ -88,6 +89,14 @@ func affinityWorkloads(questions int) []affinityWorkload {
 			jobs: func(seed int64, rate float64) []job { return sessionWorkload(seed, rate/float64(ag.turns), ag) },
 			ideal: fmt.Sprintf("Σ_t cached / Σ_t P_t with P_t = T + F + t(o+m), the tools cached at turn 0 and all but the new message after, "+
 				"= %.3f at full-length answers (each application's first turn finds nothing; answers that end early lower it)", agentsCached/agentsPrompt)},
+		{name: "chat",
+			about: fmt.Sprintf("chat applications' conversations: %d applications, each with its own system prompt of %d tokens; "+
+				"%d sessions of %d turns, each of one application, starting at Poisson arrivals of rate ÷ %d; first message %d tokens, then %d tokens a turn, "+
+				"%d output tokens (max), think time %s mean; each turn resends the system prompt and the history with the answers as received",
+				ch.apps, ch.systemTokens, ch.sessions, ch.turns, ch.turns, ch.firstTokens, ch.messageTokens, ch.outputTokens, ch.thinkTime),
+			jobs: func(seed int64, rate float64) []job { return sessionWorkload(seed, rate/float64(ch.turns), ch) },
+			ideal: fmt.Sprintf("Σ_t cached / Σ_t P_t with P_t = S + F + t(o+m), the system prompt cached at turn 0 and all but the new message after, "+
+				"= %.3f at full-length answers (each application's first turn finds nothing; answers that end early lower it)", chatCached/chatPrompt)},
 		{name: "tools",
 			about: fmt.Sprintf("agents: %d applications, each with its own tool definitions of %d tokens (JSON, sent after the messages as the OpenAI SDK sends them), "+
 				"%d questions of %d tokens per application as the only message, %d output tokens, applications interleaved at random, Poisson arrivals: "+
@@ -105,16 +114,18 @@ func affinityWorkloads(questions int) []affinityWorkload {
 }
 
 // sessionsIdeal is the prompt tokens of a session of shape s summed over its turns, and of them those
-// an ideal cache holds: turn t resends the tools, the first message, t answers and t more messages, so
-// all but its new message is cached after turn 0, and turn 0 finds the tools.
+// an ideal cache holds: turn t resends the application's tools and system prompt, the first message, t
+// answers and t more messages, so all but its new message is cached after turn 0, and turn 0 finds the
+// application's part.
 func sessionsIdeal(s sessionShape) (prompt, cached float64) {
+	app := s.toolTokens + s.systemTokens
 	for t := range s.turns {
-		p := float64(s.toolTokens + s.firstTokens + t*(s.outputTokens+s.messageTokens))
+		p := float64(app + s.firstTokens + t*(s.outputTokens+s.messageTokens))
 		prompt += p
 		if t > 0 {
 			cached += p - float64(s.messageTokens)
 		} else {
-			cached += float64(s.toolTokens)
+			cached += float64(app)
 		}
 	}
 	return prompt, cached
@@ -175,7 +186,7 @@ func runAffinity(ctx context.Context, o affinityOptions, stdout, stderr io.Write
 			}
 		}
 		if !found {
-			return fmt.Errorf("-workloads: unknown workload %q: want shared-prefix, sessions, agents, tools or unique", name)
+			return fmt.Errorf("-workloads: unknown workload %q: want shared-prefix, sessions, agents, chat, tools or unique", name)
 		}
 	}
 	mark := markCPU()

@@ -59,7 +59,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&q.only, "policies", "", "comma list of policy names to run (default: all of the mode)")
 	instances := fs.String("instances", "1,3", "replicas, affinity: Caddy (or router) instance counts to compare, comma list")
 	var af affinityOptions
-	fs.StringVar(&af.workloads, "workloads", "shared-prefix,sessions,unique", "affinity: workloads, comma list (also: agents, tools)")
+	fs.StringVar(&af.workloads, "workloads", "shared-prefix,sessions,unique", "affinity: workloads, comma list (also: agents, chat, tools)")
 	fs.IntVar(&af.questions, "questions", defaultSharedPrefix.questions, "affinity: questions per group of the shared-prefix and tools workloads (each group's first finds nothing cached, so more questions run longer past the start)")
 	fs.StringVar(&af.option, "affinity-option", "auto", "affinity: run the lb_policy sglang_load { affinity prefix } row: on, off, or auto (when the binary accepts it)")
 	addr := fs.String("addr", "127.0.0.1:0", "backend: listen address")

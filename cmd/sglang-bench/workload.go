@@ -203,10 +203,11 @@ type sessionShape struct {
 	firstTokens, messageTokens int
 	outputTokens               int
 	thinkTime                  time.Duration // mean, exponential
-	// apps, when not 0, gives each session the tool definitions of application session % apps, of
-	// toolTokens tokens: an agent's conversations, which share the application's tools ahead of their
+	// apps, when not 0, gives each session application session % apps's tool definitions of toolTokens
+	// tokens and its system prompt of systemTokens tokens (either may be 0): an agent's or a chat
+	// application's conversations, which share the application's tools or instructions ahead of their
 	// own messages.
-	apps, toolTokens int
+	apps, toolTokens, systemTokens int
 }
 
 var defaultSessions = sessionShape{sessions: 64, turns: 6, firstTokens: 1024, messageTokens: 128, outputTokens: 128,
@@ -218,15 +219,29 @@ var defaultSessions = sessionShape{sessions: 64, turns: 6, firstTokens: 1024, me
 var defaultAgents = sessionShape{sessions: 160, turns: 6, firstTokens: 512, messageTokens: 128, outputTokens: 128,
 	thinkTime: 2 * time.Second, apps: 2, toolTokens: 5120}
 
+// defaultChat is a chat application's shape: four applications, each with a system prompt of 1,024
+// tokens (4 KiB, far past the 1 KiB from which each conversation behind it has its own home), and many
+// users' conversations of several turns behind each.
+var defaultChat = sessionShape{sessions: 160, turns: 6, firstTokens: 256, messageTokens: 128, outputTokens: 128,
+	thinkTime: 2 * time.Second, apps: 4, systemTokens: 1024}
+
 // sessionWorkload returns every turn of every session; at is the session's start for turn 0 and the think
 // time after the previous answer for later turns. messages holds only the new user message: the sender
 // prepends the history.
 func sessionWorkload(seed int64, rate float64, s sessionShape) []job {
 	rnd := rand.New(rand.NewPCG(uint64(seed), 0xc4a7))
-	tools := make([]string, s.apps)
-	toolsRnd := rand.New(rand.NewPCG(uint64(seed), 0xa9e7)) // a stream of its own: sessions without tools draw as before
+	tools, systems := make([]string, s.apps), make([]string, s.apps)
+	appRnd := rand.New(rand.NewPCG(uint64(seed), 0xa9e7)) // a stream of its own: sessions without applications draw as before
 	for a := range tools {
-		tools[a] = toolDefinitions(toolsRnd, nonce(seed, s.sessions+a), s.toolTokens)
+		if s.toolTokens > 0 {
+			tools[a] = toolDefinitions(appRnd, nonce(seed, s.sessions+a), s.toolTokens)
+		}
+	}
+	for a := range systems {
+		if s.systemTokens > 0 {
+			n := nonce(seed, s.sessions+s.apps+a)
+			systems[a] = n + text(appRnd, s.systemTokens-len(n)/bytesPerToken)
+		}
 	}
 	var jobs []job
 	var start time.Duration
@@ -240,11 +255,15 @@ func sessionWorkload(seed int64, rate float64, s sessionShape) []job {
 			} else {
 				at = time.Duration(rnd.ExpFloat64() * float64(s.thinkTime))
 			}
-			jobs = append(jobs, job{index: len(jobs), at: at, stream: true, maxTokens: s.outputTokens, group: g, turn: t,
-				pick: rnd.Float64(), messages: []message{{"user", content}}, session: fmt.Sprintf("%d-%d", seed, g)})
+			j := job{index: len(jobs), at: at, stream: true, maxTokens: s.outputTokens, group: g, turn: t,
+				pick: rnd.Float64(), messages: []message{{"user", content}}, session: fmt.Sprintf("%d-%d", seed, g)}
 			if s.apps > 0 {
-				jobs[len(jobs)-1].tools = tools[g%s.apps]
+				j.tools = tools[g%s.apps]
+				if t == 0 && systems[g%s.apps] != "" {
+					j.messages = append([]message{{"system", systems[g%s.apps]}}, j.messages...)
+				}
 			}
+			jobs = append(jobs, j)
 		}
 	}
 	return jobs

@@ -237,6 +237,50 @@ func TestAgentsWorkload(t *testing.T) {
 	}
 }
 
+// TestChatWorkload checks that a chat application's sessions are the plain sessions with the
+// application's system prompt ahead of each first turn: one prompt per application, of the size asked.
+func TestChatWorkload(t *testing.T) {
+	s := sessionShape{sessions: 6, turns: 3, firstTokens: 100, messageTokens: 20, outputTokens: 8, thinkTime: time.Second,
+		apps: 2, systemTokens: 300}
+	jobs := sessionWorkload(3, 1, s)
+	plain := s
+	plain.apps, plain.systemTokens = 0, 0
+	bare := sessionWorkload(3, 1, plain)
+	systems := map[int]string{}
+	for i, j := range jobs {
+		if j.tools != "" {
+			t.Fatalf("job %d: tools %q in a chat without tools", i, j.tools)
+		}
+		if j.turn > 0 {
+			if !reflect.DeepEqual(j, bare[i]) {
+				t.Fatalf("job %d: %+v, want as without a system prompt %+v", i, j, bare[i])
+			}
+			continue
+		}
+		if len(j.messages) != 2 || j.messages[0].Role != "system" {
+			t.Fatalf("job %d: messages %+v, want the system prompt, then the first message", i, j.messages)
+		}
+		if got := promptTokens("", j.messages[:1]); got != s.systemTokens {
+			t.Fatalf("job %d: a system prompt of %d tokens, want %d", i, got, s.systemTokens)
+		}
+		app := j.group % s.apps
+		if prev, ok := systems[app]; ok && prev != j.messages[0].Content {
+			t.Fatalf("job %d: application %d's system prompt differs from one session to another", i, app)
+		}
+		systems[app] = j.messages[0].Content
+		j.messages = j.messages[1:]
+		if !reflect.DeepEqual(j, bare[i]) {
+			t.Fatalf("job %d: %+v, want as without a system prompt %+v", i, j, bare[i])
+		}
+	}
+	if len(systems) != s.apps {
+		t.Fatalf("%d applications' system prompts sent, want %d", len(systems), s.apps)
+	}
+	if systems[0] == systems[1] {
+		t.Fatal("two applications share their system prompt")
+	}
+}
+
 func TestSequencesKeepsSingleJobsApart(t *testing.T) {
 	jobs := sharedPrefixWorkload(1, 10, sharedPrefixShape{groups: 2, questions: 3, systemTokens: 32, questionTokens: 16, outputTokens: 4})
 	seqs := sequences(jobs)
@@ -299,11 +343,11 @@ func TestIdealCacheRemembersAnswers(t *testing.T) {
 
 // TestAffinityWorkloadsQuestions checks that -questions sizes the shared-prefix and tools workloads,
 // their ideals and the unique one alike, and that 0 keeps the default shape; the conversations'
-// workloads (sessions, agents) have their own shape.
+// workloads (sessions, agents, chat) have their own shape.
 func TestAffinityWorkloadsQuestions(t *testing.T) {
 	for _, tc := range []struct{ questions, want int }{{0, defaultSharedPrefix.questions}, {64, 64}} {
 		for _, w := range affinityWorkloads(tc.questions) {
-			if w.name == "sessions" || w.name == "agents" {
+			if w.name == "sessions" || w.name == "agents" || w.name == "chat" {
 				continue
 			}
 			requests := defaultSharedPrefix.groups * tc.want
