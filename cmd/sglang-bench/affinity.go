@@ -17,6 +17,8 @@ type affinityOptions struct {
 	workloads string
 	option    string // on, off, auto
 	questions int    // per group of the shared-prefix workload
+	// questionTokens sizes each question of the shared-prefix and tools workloads (0: the shape's).
+	questionTokens int
 }
 
 // affinityLB is the lb_policy of the sglang_load affinity row, and headerLB of the session header's.
@@ -53,12 +55,14 @@ type affinityWorkload struct {
 	ideal       string // the analytic ideal, as a formula with its value
 }
 
-// affinityWorkloads are the workloads, the shared-prefix and tools ones with questions per group (the
-// default shape's when 0).
-func affinityWorkloads(questions int) []affinityWorkload {
+// affinityWorkloads are the workloads, the shared-prefix and tools ones with questions per group and
+// questionTokens per question (the default shape's when 0).
+func affinityWorkloads(questions, questionTokens int) []affinityWorkload {
 	sp, ss, tw, ag, ch := defaultSharedPrefix, defaultSessions, defaultTools, defaultAgents, defaultChat
 	sp.questions = cmp.Or(questions, sp.questions)
 	tw.questions = cmp.Or(questions, tw.questions)
+	sp.questionTokens = cmp.Or(questionTokens, sp.questionTokens)
+	tw.questionTokens = cmp.Or(questionTokens, tw.questionTokens)
 	// Turn t resends the history: its prompt P_t is the first message, t answers and t more messages. The
 	// simulator, as SGLang's radix cache, keeps prompts and answers: all of P_t but the new message is
 	// cached in the ideal case, nothing of turn 0.
@@ -180,7 +184,7 @@ func runAffinity(ctx context.Context, o affinityOptions, stdout, stderr io.Write
 	var chosen []affinityWorkload
 	for _, name := range strings.Split(o.workloads, ",") {
 		found := false
-		for _, w := range affinityWorkloads(o.questions) {
+		for _, w := range affinityWorkloads(o.questions, o.questionTokens) {
 			if w.name == strings.TrimSpace(name) {
 				chosen, found = append(chosen, w), true
 			}

@@ -61,6 +61,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var af affinityOptions
 	fs.StringVar(&af.workloads, "workloads", "shared-prefix,sessions,unique", "affinity: workloads, comma list (also: agents, chat, tools)")
 	fs.IntVar(&af.questions, "questions", defaultSharedPrefix.questions, "affinity: questions per group of the shared-prefix and tools workloads (each group's first finds nothing cached, so more questions run longer past the start)")
+	fs.IntVar(&af.questionTokens, "question-tokens", 0, "affinity: tokens of each question of the shared-prefix and tools workloads (0: the shapes' 128)")
 	fs.StringVar(&af.option, "affinity-option", "auto", "affinity: run the lb_policy sglang_load { affinity prefix } row: on, off, or auto (when the binary accepts it)")
 	addr := fs.String("addr", "127.0.0.1:0", "backend: listen address")
 	var m monitorOptions
@@ -146,6 +147,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		if af.questions < 1 {
 			return fmt.Errorf("-questions %d: must be at least 1", af.questions)
+		}
+		if af.questionTokens < 0 {
+			return fmt.Errorf("-question-tokens %d: must be at least 0", af.questionTokens)
 		}
 		af.qualityOptions = q
 		return runAffinity(ctx, af, stdout, stderr)

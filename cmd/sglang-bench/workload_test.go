@@ -346,7 +346,7 @@ func TestIdealCacheRemembersAnswers(t *testing.T) {
 // workloads (sessions, agents, chat) have their own shape.
 func TestAffinityWorkloadsQuestions(t *testing.T) {
 	for _, tc := range []struct{ questions, want int }{{0, defaultSharedPrefix.questions}, {64, 64}} {
-		for _, w := range affinityWorkloads(tc.questions) {
+		for _, w := range affinityWorkloads(tc.questions, 0) {
 			if w.name == "sessions" || w.name == "agents" || w.name == "chat" {
 				continue
 			}
