@@ -67,8 +67,6 @@ func affinityWorkloads(questions, questionTokens int) []affinityWorkload {
 	// simulator, as SGLang's radix cache, keeps prompts and answers: all of P_t but the new message is
 	// cached in the ideal case, nothing of turn 0.
 	sessPrompt, sessCached := sessionsIdeal(ss)
-	agentsPrompt, agentsCached := sessionsIdeal(ag)
-	chatPrompt, chatCached := sessionsIdeal(ch)
 	return []affinityWorkload{
 		{name: "shared-prefix",
 			about: fmt.Sprintf("SGLang bench_serving generated-shared-prefix shape: %d groups, %d-token system prompt, %d questions of %d tokens per group, "+
@@ -85,22 +83,8 @@ func affinityWorkloads(questions, questionTokens int) []affinityWorkload {
 			ideal: fmt.Sprintf("Σ_{t≥1}(P_t − m) / Σ_t P_t with P_t = F + t(o+m) = %.3f at full-length answers: all but each turn's new "+
 				"message is cached, the previous answers too (the simulator, as SGLang's radix cache, keeps generated tokens); "+
 				"answers that end early lower it", sessCached/sessPrompt)},
-		{name: "agents",
-			about: fmt.Sprintf("agents' conversations: %d applications, each with its own tool definitions of %d tokens (past the first 16 KiB of the prompt); "+
-				"%d sessions of %d turns, each of one application, starting at Poisson arrivals of rate ÷ %d; first message %d tokens, then %d tokens a turn, "+
-				"%d output tokens (max), think time %s mean; each turn resends the tools and the history with the answers as received",
-				ag.apps, ag.toolTokens, ag.sessions, ag.turns, ag.turns, ag.firstTokens, ag.messageTokens, ag.outputTokens, ag.thinkTime),
-			jobs: func(seed int64, rate float64) []job { return sessionWorkload(seed, rate/float64(ag.turns), ag) },
-			ideal: fmt.Sprintf("Σ_t cached / Σ_t P_t with P_t = T + F + t(o+m), the tools cached at turn 0 and all but the new message after, "+
-				"= %.3f at full-length answers (each application's first turn finds nothing; answers that end early lower it)", agentsCached/agentsPrompt)},
-		{name: "chat",
-			about: fmt.Sprintf("chat applications' conversations: %d applications, each with its own system prompt of %d tokens; "+
-				"%d sessions of %d turns, each of one application, starting at Poisson arrivals of rate ÷ %d; first message %d tokens, then %d tokens a turn, "+
-				"%d output tokens (max), think time %s mean; each turn resends the system prompt and the history with the answers as received",
-				ch.apps, ch.systemTokens, ch.sessions, ch.turns, ch.turns, ch.firstTokens, ch.messageTokens, ch.outputTokens, ch.thinkTime),
-			jobs: func(seed int64, rate float64) []job { return sessionWorkload(seed, rate/float64(ch.turns), ch) },
-			ideal: fmt.Sprintf("Σ_t cached / Σ_t P_t with P_t = S + F + t(o+m), the system prompt cached at turn 0 and all but the new message after, "+
-				"= %.3f at full-length answers (each application's first turn finds nothing; answers that end early lower it)", chatCached/chatPrompt)},
+		applicationSessions("agents", "agents' conversations", "tool definitions", " (past the first 16 KiB of the prompt)", "T", ag.toolTokens, ag),
+		applicationSessions("chat", "chat applications' conversations", "system prompt", "", "S", ch.systemTokens, ch),
 		{name: "tools",
 			about: fmt.Sprintf("agents: %d applications, each with its own tool definitions of %d tokens (JSON, sent after the messages as the OpenAI SDK sends them), "+
 				"%d questions of %d tokens per application as the only message, %d output tokens, applications interleaved at random, Poisson arrivals: "+
@@ -115,6 +99,21 @@ func affinityWorkloads(questions, questionTokens int) []affinityWorkload {
 			jobs:  func(seed int64, rate float64) []job { return qualityWorkload(seed, rate, sp.groups*sp.questions) },
 			ideal: "0 (no two prompts share a block)"},
 	}
+}
+
+// applicationSessions is the workload of shape s: conversations behind their applications' part (tool
+// definitions or a system prompt) of tokens each, which where says where it lies and the ideal's formula
+// calls symbol.
+func applicationSessions(name, about, part, where, symbol string, tokens int, s sessionShape) affinityWorkload {
+	prompt, cached := sessionsIdeal(s)
+	return affinityWorkload{name: name,
+		about: fmt.Sprintf("%s: %d applications, each with its own %s of %d tokens%s; "+
+			"%d sessions of %d turns, each of one application, starting at Poisson arrivals of rate ÷ %d; first message %d tokens, then %d tokens a turn, "+
+			"%d output tokens (max), think time %s mean; each turn resends the %s and the history with the answers as received",
+			about, s.apps, part, tokens, where, s.sessions, s.turns, s.turns, s.firstTokens, s.messageTokens, s.outputTokens, s.thinkTime, part),
+		jobs: func(seed int64, rate float64) []job { return sessionWorkload(seed, rate/float64(s.turns), s) },
+		ideal: fmt.Sprintf("Σ_t cached / Σ_t P_t with P_t = %s + F + t(o+m), the %s cached at turn 0 and all but the new message after, "+
+			"= %.3f at full-length answers (each application's first turn finds nothing; answers that end early lower it)", symbol, part, cached/prompt)}
 }
 
 // sessionsIdeal is the prompt tokens of a session of shape s summed over its turns, and of them those

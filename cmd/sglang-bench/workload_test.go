@@ -208,76 +208,60 @@ func TestSessionWorkload(t *testing.T) {
 	}
 }
 
-// An agent's sessions are sessions whose every turn carries its application's tools: the same for
-// the sessions of one application, others for another's. The sessions draw as they do without tools.
-func TestAgentsWorkload(t *testing.T) {
-	s := sessionShape{sessions: 6, turns: 3, firstTokens: 100, messageTokens: 20, outputTokens: 8, thinkTime: time.Second,
-		apps: 2, toolTokens: 300}
-	jobs := sessionWorkload(3, 1, s)
-	plain := s
-	plain.apps, plain.toolTokens = 0, 0
+// An application's sessions (an agent's, a chat application's) are the plain sessions with the
+// application's part on them, of the size asked: its tools on every turn, or its system prompt ahead
+// of each first turn; the same for the sessions of one application, others for another's. The sessions
+// draw as they do without it.
+func TestApplicationSessionsWorkload(t *testing.T) {
+	plain := sessionShape{sessions: 6, turns: 3, firstTokens: 100, messageTokens: 20, outputTokens: 8, thinkTime: time.Second}
 	bare := sessionWorkload(3, 1, plain)
-	tools := map[int]string{}
-	for i, j := range jobs {
-		app := j.group % s.apps
-		if got := promptTokens(j.tools, nil); got != s.toolTokens {
-			t.Fatalf("job %d: %d tokens of tools, want %d", i, got, s.toolTokens)
-		}
-		if prev, ok := tools[app]; ok && prev != j.tools {
-			t.Fatalf("job %d: application %d's tools differ from one session to another", i, app)
-		}
-		tools[app] = j.tools
-		j.tools = ""
-		if !reflect.DeepEqual(j, bare[i]) {
-			t.Fatalf("job %d: %+v, want as without tools %+v", i, j, bare[i])
-		}
-	}
-	if tools[0] == tools[1] {
-		t.Fatal("two applications share their tools")
-	}
-}
-
-// TestChatWorkload checks that a chat application's sessions are the plain sessions with the
-// application's system prompt ahead of each first turn: one prompt per application, of the size asked.
-func TestChatWorkload(t *testing.T) {
-	s := sessionShape{sessions: 6, turns: 3, firstTokens: 100, messageTokens: 20, outputTokens: 8, thinkTime: time.Second,
-		apps: 2, systemTokens: 300}
-	jobs := sessionWorkload(3, 1, s)
-	plain := s
-	plain.apps, plain.systemTokens = 0, 0
-	bare := sessionWorkload(3, 1, plain)
-	systems := map[int]string{}
-	for i, j := range jobs {
-		if j.tools != "" {
-			t.Fatalf("job %d: tools %q in a chat without tools", i, j.tools)
-		}
-		if j.turn > 0 {
-			if !reflect.DeepEqual(j, bare[i]) {
-				t.Fatalf("job %d: %+v, want as without a system prompt %+v", i, j, bare[i])
+	tools, system := plain, plain
+	tools.apps, tools.toolTokens = 2, 300
+	system.apps, system.systemTokens = 2, 300
+	for _, c := range []struct {
+		name  string
+		shape sessionShape
+		// take takes the application's part off j and returns it ("" where j has none), and says
+		// whether j should have one.
+		take func(j *job) (part string, want bool)
+	}{
+		{"tools", tools, func(j *job) (string, bool) {
+			part := j.tools
+			j.tools = ""
+			return part, true
+		}},
+		{"system prompt", system, func(j *job) (string, bool) {
+			if len(j.messages) < 2 || j.messages[0].Role != "system" {
+				return "", j.turn == 0
 			}
-			continue
+			part := j.messages[0].Content
+			j.messages = j.messages[1:]
+			return part, j.turn == 0
+		}},
+	} {
+		parts := map[int]string{}
+		for i, j := range sessionWorkload(3, 1, c.shape) {
+			part, want := c.take(&j)
+			if (part != "") != want {
+				t.Fatalf("%s: job %d (turn %d): %q, want one: %v", c.name, i, j.turn, part, want)
+			}
+			if part != "" {
+				if got := promptTokens(part, nil); got != 300 {
+					t.Fatalf("%s: job %d: %d tokens, want 300", c.name, i, got)
+				}
+				app := j.group % c.shape.apps
+				if prev, ok := parts[app]; ok && prev != part {
+					t.Fatalf("%s: job %d: application %d's differs from one session to another", c.name, i, app)
+				}
+				parts[app] = part
+			}
+			if !reflect.DeepEqual(j, bare[i]) {
+				t.Fatalf("%s: job %d: %+v, want as without it %+v", c.name, i, j, bare[i])
+			}
 		}
-		if len(j.messages) != 2 || j.messages[0].Role != "system" {
-			t.Fatalf("job %d: messages %+v, want the system prompt, then the first message", i, j.messages)
+		if len(parts) != 2 || parts[0] == parts[1] {
+			t.Fatalf("%s: %d applications' sent, alike: %v; want one of its own for each of 2", c.name, len(parts), parts[0] == parts[1])
 		}
-		if got := promptTokens("", j.messages[:1]); got != s.systemTokens {
-			t.Fatalf("job %d: a system prompt of %d tokens, want %d", i, got, s.systemTokens)
-		}
-		app := j.group % s.apps
-		if prev, ok := systems[app]; ok && prev != j.messages[0].Content {
-			t.Fatalf("job %d: application %d's system prompt differs from one session to another", i, app)
-		}
-		systems[app] = j.messages[0].Content
-		j.messages = j.messages[1:]
-		if !reflect.DeepEqual(j, bare[i]) {
-			t.Fatalf("job %d: %+v, want as without a system prompt %+v", i, j, bare[i])
-		}
-	}
-	if len(systems) != s.apps {
-		t.Fatalf("%d applications' system prompts sent, want %d", len(systems), s.apps)
-	}
-	if systems[0] == systems[1] {
-		t.Fatal("two applications share their system prompt")
 	}
 }
 
