@@ -348,6 +348,29 @@ func TestAffinityWorkloadsQuestions(t *testing.T) {
 	}
 }
 
+// TestAffinityWorkloadsQuestionTokens checks that -question-tokens sizes each question of the
+// shared-prefix and tools workloads, what their reports say and their ideals, and that 0 keeps 128.
+func TestAffinityWorkloadsQuestionTokens(t *testing.T) {
+	for _, tc := range []struct{ tokens, want int }{{0, 128}, {512, 512}} {
+		for _, w := range affinityWorkloads(0, tc.tokens) {
+			if w.name != "shared-prefix" && w.name != "tools" {
+				continue
+			}
+			j := w.jobs(1, 8)[0]
+			if got := promptTokens("", j.messages[len(j.messages)-1:]); got != tc.want {
+				t.Errorf("question tokens %d: %s asks %d tokens, want %d", tc.tokens, w.name, got, tc.want)
+			}
+			shared := defaultSharedPrefix.systemTokens
+			if w.name == "tools" {
+				shared = defaultTools.toolTokens
+			}
+			if !strings.Contains(w.about, fmt.Sprintf("of %d tokens per", tc.want)) || !strings.Contains(w.ideal, fmt.Sprintf("/%d =", shared+tc.want)) {
+				t.Errorf("question tokens %d: %s says %q, ideal %q", tc.tokens, w.name, w.about, w.ideal)
+			}
+		}
+	}
+}
+
 // A share of the quality workload asks for several answers; the jobs are otherwise the same.
 func TestWithSamples(t *testing.T) {
 	plain := qualityWorkload(3, 24, 2000)
