@@ -113,11 +113,22 @@ func decodeWorkers(t *testing.T, body []byte) map[string]worker {
 // waitWorkers waits until the admin view satisfies cond for every named worker.
 func waitWorkers(t *testing.T, within time.Duration, what string, cond func(worker) bool, ws ...*testWorker) map[string]worker {
 	t.Helper()
+	addrs := make([]string, len(ws))
+	for i, w := range ws {
+		addrs[i] = w.addr()
+	}
+	return waitAddrs(t, within, what, cond, addrs...)
+}
+
+// waitAddrs waits until the admin view satisfies cond for the worker at every address, and returns
+// the view that did.
+func waitAddrs(t *testing.T, within time.Duration, what string, cond func(worker) bool, addrs ...string) map[string]worker {
+	t.Helper()
 	var view map[string]worker
 	eventually(t, within, func() bool {
 		view = workers(t)
-		for _, w := range ws {
-			if v, ok := view[w.addr()]; !ok || !cond(v) {
+		for _, a := range addrs {
+			if v, ok := view[a]; !ok || !cond(v) {
 				return false
 			}
 		}

@@ -49,7 +49,7 @@ const requestStateVar = "sglang_load.request"
 // list, carries no prompt to cache, and recording it would credit its worker with the session).
 func (p *Policy) readRequest(r *http.Request) *requestState {
 	limit := cmp.Or(p.ReadBody, defaultReadBody)
-	posted := r.Method == http.MethodPost && r.Body != nil && r.Body != http.NoBody
+	posted := r.Method == http.MethodPost && hasBody(r)
 	readBody := limit > 0 && posted && affinity.ShapeOf(r.URL.Path) != affinity.ShapeNone
 	if !readBody && (p.Affinity != affinityHeader || !posted) {
 		return nil
@@ -98,6 +98,9 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 	caddyhttp.SetVar(r.Context(), requestStateVar, st)
 	return st
 }
+
+// hasBody reports whether r carries a body, of whatever length.
+func hasBody(r *http.Request) bool { return r.Body != nil && r.Body != http.NoBody }
 
 // keyBlocks is the most blocks a prefix key takes from a body of contentLength bytes (-1: unknown) of
 // which limit are read.

@@ -168,10 +168,7 @@ func smallAndLarge(t *testing.T, policy string) []string {
 	addrs := []string{strings.TrimPrefix(small.URL, "http://"), strings.TrimPrefix(large.URL, "http://")}
 	tester := caddytest.NewTester(t)
 	tester.InitServer(caddyfileFor("interval 1s", policy, addrs...), "caddyfile")
-	eventually(t, 10*time.Second, func() bool {
-		ws := workers(t)
-		return ws[addrs[0]].PollsOK > 0 && ws[addrs[1]].PollsOK > 0
-	}, "both workers polled")
+	waitAddrs(t, 10*time.Second, "both workers polled", func(w worker) bool { return w.PollsOK > 0 }, addrs...)
 	return addrs
 }
 
@@ -180,16 +177,10 @@ func smallAndLarge(t *testing.T, policy string) []string {
 // one, under a metric that counts requests, and two idle workers do not tie.
 func idleAtLastPoll(t *testing.T, addrs []string) {
 	t.Helper()
-	eventually(t, 10*time.Second, func() bool {
-		ws := workers(t)
-		for _, a := range addrs {
-			r := ws[a].Report
-			if r == nil || r.Totals.Running == nil || *r.Totals.Running != 0 || r.Totals.Waiting == nil || *r.Totals.Waiting != 0 {
-				return false
-			}
-		}
-		return true
-	}, "both workers idle at their last poll")
+	waitAddrs(t, 10*time.Second, "both workers idle at their last poll", func(w worker) bool {
+		r := w.Report
+		return r != nil && r.Totals.Running != nil && *r.Totals.Running == 0 && r.Totals.Waiting != nil && *r.Totals.Waiting == 0
+	}, addrs...)
 }
 
 // generateAnswer is what a test reads of a /generate answer.

@@ -81,11 +81,7 @@ func TestCostMetricPricesPrefillFromTheFirstReport(t *testing.T) {
 	// An interval of a minute: the warm-up polls are 6 s apart, and the requests below go out before
 	// the second.
 	tester.InitServer(caddyfileFor("interval 1m", "metric cost", addrs...), "caddyfile")
-	eventually(t, 5*time.Second, func() bool {
-		ws := workers(t)
-		return ws[addrs[0]].PollsOK > 0 && ws[addrs[1]].PollsOK > 0
-	}, "both workers polled")
-	ws := workers(t)
+	ws := waitAddrs(t, 5*time.Second, "both workers polled", func(w worker) bool { return w.PollsOK > 0 }, addrs...)
 	for _, addr := range addrs {
 		if s := ws[addr].Score; ws[addr].PollsOK != 1 || s == nil || s.Prefill == nil || math.Abs(*s.Prefill-speeds[addr]) > speeds[addr]/100 {
 			t.Fatalf("%s after %d polls: score %+v, want a prefill speed of %v tokens/s from its first report", addr, ws[addr].PollsOK, s, speeds[addr])

@@ -477,7 +477,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	var v poolView
 	v.init(p, pool, x)
 	v.prompt, v.r = p.unreadSize(r).PromptTokens, r
-	if r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
+	if r.ContentLength < 0 && hasBody(r) {
 		v.prompt = loadpolicy.MaxRequestTokens // a chunked body's size is unknown: past any pool, until read
 	}
 	// When every available upstream refuses the prompt, the fallback sends it to one, whose refusal
