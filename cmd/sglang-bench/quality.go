@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -127,6 +128,7 @@ type armResult struct {
 	routing                     routingCounts // summed over the arm's Caddy instances, from start to end
 	speeds                      string        // the speeds the first Caddy instance holds per worker at the end
 	tail                        []sample      // the slowest 1% of completed requests
+	middle                      []sample      // the 5% of completed requests around the median
 	firstFailure                string
 }
 
@@ -277,15 +279,18 @@ func summarise(a *arm, name string, begin time.Time, polls0 []int64) armResult {
 	for i, p := range a.fleet.pollCounts() {
 		r.pollsPerSec = append(r.pollsPerSec, float64(p-polls0[i])/r.seconds)
 	}
-	r.tail = slowest(ok, 0.01)
+	slices.SortFunc(ok, func(a, b sample) int { return cmp.Compare(a.latency, b.latency) })
+	r.tail, r.middle = band(ok, 1, 0.01), band(ok, 0.5, 0.05)
 	return r
 }
 
-// slowest returns the slowest share of samples (at least one), slowest first.
-func slowest(ss []sample, share float64) []sample {
-	s := slices.Clone(ss)
-	slices.SortFunc(s, func(a, b sample) int { return int(b.latency - a.latency) })
-	return s[:min(len(s), max(1, int(math.Ceil(share*float64(len(s))))))]
+// band is the share of samples (at least one) whose latencies rank around quantile q (as quantile
+// ranks it), of samples sorted by latency: q 1 is the slowest, q 0.5 those around the median.
+func band(sorted []sample, q, share float64) []sample {
+	n := min(len(sorted), max(1, int(math.Ceil(share*float64(len(sorted))))))
+	at := int(q*float64(len(sorted))+0.5) - 1
+	from := min(max(at-(n-1)/2, 0), len(sorted)-n)
+	return slices.Clone(sorted[from : from+n])
 }
 
 func maxTime(a, b time.Time) time.Time {

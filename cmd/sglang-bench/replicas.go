@@ -108,7 +108,7 @@ func replicasMarkdown(o qualityOptions, ps []policy, runs []qualityRun, total cp
 			}
 		}
 		b.WriteString("\n")
-		tailTable(&b, run.res)
+		whyTables(&b, run.res)
 	}
 	return b.String()
 }

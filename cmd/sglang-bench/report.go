@@ -155,7 +155,7 @@ func qualityMarkdown(o qualityOptions, runs []qualityRun, total cpuUse) string {
 			fmt.Fprintf(&b, "Busy check: under least_conn the smallest worker's KV use peaks at %s (mean %s); above 70%% on every seed: %s.\n\n",
 				percents(p), percents(m), map[bool]string{true: "yes", false: "no"}[spreadOf(p).lo > 0.7])
 		}
-		tailTable(&b, run.res)
+		whyTables(&b, run.res)
 	}
 	return b.String()
 }
@@ -323,28 +323,37 @@ func kvTable(b *strings.Builder, sr seedResults) {
 	b.WriteString("\n")
 }
 
-// tailTable describes, per policy, the requests that make its p99: the slowest 1% of each seed, pooled.
-func tailTable(b *strings.Builder, sr seedResults) {
+// whyTables describes, per policy, the requests that make its p99 (the slowest 1% of each seed) and
+// those that make its p50 (the 5% around each seed's median), pooled.
+func whyTables(b *strings.Builder, sr seedResults) {
 	b.WriteString("Why the p99: the slowest 1% of each seed's requests, pooled over seeds, means. queue: waiting for " +
 		"admission; prefill: from admission to the first token, including the wait behind other prompts' prefill; decode: " +
 		"the rest of the latency, the proxy's and the network's share included. The worker measures the first two " +
 		"(the simulator's X-Sglang-Sim-Queue-Time and X-Sglang-Sim-First-Token-Time), streamed or not.\n\n")
+	bandTable(b, sr, func(r armResult) []sample { return r.tail })
+	b.WriteString("Why the p50: the 5% of each seed's requests around its median (from the 47.5th to the 52.5th " +
+		"percentile), pooled over seeds, means; columns as above.\n\n")
+	bandTable(b, sr, func(r armResult) []sample { return r.middle })
+}
+
+// bandTable is a table of the requests of each policy's band, pooled over seeds.
+func bandTable(b *strings.Builder, sr seedResults, of func(armResult) []sample) {
 	fmt.Fprintf(b, "| policy | n | long | streamed | on %s | latency s | queue s | prefill s | decode s |\n",
 		strings.Join(workerLabels(), " / "))
 	b.WriteString("|---|---:|---:|---:|---|---:|---:|---:|---:|\n")
 	for i, name := range sr.policies {
 		var t []sample
 		for _, r := range sr.byPolicy[i] {
-			t = append(t, r.tail...)
+			t = append(t, of(r)...)
 		}
-		fmt.Fprintf(b, "| %s | %s |\n", name, describeTail(t))
+		fmt.Fprintf(b, "| %s | %s |\n", name, describeBand(t))
 	}
 	b.WriteString("\n")
 }
 
-// describeTail is the table cells for a set of slow requests: what they were, where they went, and
-// where their time went (means).
-func describeTail(t []sample) string {
+// describeBand is the table cells for a band of requests: what they were, where they went, and where
+// their time went (means).
+func describeBand(t []sample) string {
 	if len(t) == 0 {
 		return "0 | | | | | | |"
 	}

@@ -15,10 +15,11 @@ func fakeResults(figs map[string][2][]float64, order []string) seedResults {
 		var rs []armResult
 		for i := range sr.seeds {
 			tail := sample{long: true, stream: true, worker: 0, latency: 10 * time.Second, ttft: 3 * time.Second, queue: 2, firstToken: 2.5}
+			middle := sample{worker: 2, latency: 300 * time.Millisecond, queue: 0.01, firstToken: 0.11}
 			rs = append(rs, armResult{name: name, p50: figs[name][0][i], p90: figs[name][1][i] / 2, p99: figs[name][1][i],
 				ttftMean: 0.1, ttft90: 0.2, ttft99: 0.3, tokPerSec: 1000, share: []float64{0.2, 0.3, 0.5},
 				kvMean: []float64{0.7, 0.2, 0.1}, kvPeak: []float64{0.9, 0.5, 0.3}, pollsPerSec: []float64{1, 1, 1}, seconds: 90,
-				tail: []sample{tail}})
+				tail: []sample{tail}, middle: []sample{middle, middle}})
 		}
 		sr.byPolicy = append(sr.byPolicy, rs)
 	}
@@ -52,6 +53,8 @@ func TestQualityReport(t *testing.T) {
 		"| least_conn | 70% / 90% | 20% / 50% | 10% / 30% |",
 		"Busy check: under least_conn the smallest worker's KV use peaks at 90% (90..90%) (mean 70% (70..70%)); above 70% on every seed: yes.",
 		"| least_conn | 3 | 100% | 100% | 100% / 0% / 0% | 10.00 | 2.00 | 0.50 | 7.50 |",
+		"Why the p50: the 5% of each seed's requests around its median",
+		"| least_conn | 6 | 0% | 0% | 0% / 0% / 100% | 0.30 | 0.01 | 0.10 | 0.19 |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
@@ -142,6 +145,10 @@ func TestSummarise(t *testing.T) {
 	}
 	if len(r.tail) != 1 || r.tail[0].latency != 10*time.Second {
 		t.Errorf("tail %v, want the one 10 s request", r.tail)
+	}
+	// The 5 requests around the median (the 50th, 5 s): the 48th to the 52nd, 4.8 s to 5.2 s.
+	if len(r.middle) != 5 || r.middle[0].latency != 4800*time.Millisecond || r.middle[4].latency != 5200*time.Millisecond {
+		t.Errorf("middle %v, want the requests of 4.8 s to 5.2 s", r.middle)
 	}
 }
 

@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 func TestQuantileByHand(t *testing.T) {
 	ten := []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
@@ -30,6 +33,33 @@ func TestQuantileByHand(t *testing.T) {
 	}
 	if got := quantile(xs, 0.99); got != 198 {
 		t.Errorf("p99 of 1..200 = %g, want 198", got)
+	}
+}
+
+func TestBand(t *testing.T) {
+	var ss []sample
+	for i := range 200 {
+		ss = append(ss, sample{latency: time.Duration(i+1) * time.Second}) // 1 s .. 200 s, sorted
+	}
+	for _, c := range []struct {
+		ss               []sample
+		q, share         float64
+		first, last, len int // latencies in seconds
+	}{
+		{ss, 1, 0.01, 199, 200, 2},    // the slowest 1%: above p99 (the 198th)
+		{ss, 0.5, 0.05, 96, 105, 10},  // around p50, the 100th
+		{ss, 0, 0.05, 1, 10, 10},      // clipped at the fastest
+		{ss[:3], 0.5, 0.05, 2, 2, 1},  // at least one: the median
+		{ss[:1], 0.99, 0.01, 1, 1, 1}, // the only one
+	} {
+		b := band(c.ss, c.q, c.share)
+		if len(b) != c.len || b[0].latency != time.Duration(c.first)*time.Second || b[len(b)-1].latency != time.Duration(c.last)*time.Second {
+			t.Errorf("band(%d samples, %g, %g): %d from %v to %v, want %d from %d s to %d s", len(c.ss), c.q, c.share,
+				len(b), b[0].latency, b[len(b)-1].latency, c.len, c.first, c.last)
+		}
+	}
+	if b := band(nil, 0.5, 0.05); len(b) != 0 {
+		t.Errorf("band of no samples: %v", b)
 	}
 }
 
