@@ -323,10 +323,7 @@ func TestDynamicMultiJoinsSources(t *testing.T) {
 	tester.InitServer(dynamicCaddyfile("interval 200ms\n\t\tforget_after 500ms", source, "choose least"), "caddyfile")
 	tr := startTraffic(2, 5*time.Millisecond)
 	defer tr.end()
-	eventually(t, 5*time.Second, func() bool {
-		v := workers(t)
-		return polledOK(v[ws[0].addr()]) && polledOK(v[ws[1].addr()]) && polledOK(v[ws[2].addr()])
-	}, "the addresses of both sources polled")
+	waitWorkers(t, 5*time.Second, "the addresses of both sources polled", polledOK, ws...)
 	eventually(t, 5*time.Second, func() bool { return tr.served("127.0.0.9") > 20 }, "requests on the second source's idle worker")
 
 	d.setA(aName, "127.0.0.8")

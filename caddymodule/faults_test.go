@@ -856,20 +856,15 @@ func grpcVanish(t *testing.T, out *outcomes) {
 	mid := newGRPCFaultWorker(t, "mid", grpcLoad(10, 2, 500))
 	idle := newGRPCFaultWorker(t, "idle", grpcLoad(1, 0, 100))
 	tester.InitServer(grpcFaultCaddyfile(vanishSite, busy, mid, idle), "caddyfile")
-	eventually(t, 10*time.Second, func() bool {
-		v := workers(t)
-		return polledOK(v[busy.addr]) && polledOK(v[mid.addr]) && polledOK(v[idle.addr])
-	}, "every worker polled")
+	waitAddrs(t, 10*time.Second, "every worker polled", polledOK, busy.addr, mid.addr, idle.addr)
 	if c, err := grpcSend(10); err != nil || c["idle"] != 10 {
 		t.Fatalf("before: %v %v, want all on idle", c, err)
 	}
 
 	idle.stop()
-	var gone worker
-	eventually(t, 10*time.Second, func() bool {
-		gone = workers(t)[idle.addr]
-		return gone.LastErrorResult == "unavailable" && gone.PollsFailed >= 2
-	}, "the vanished worker failing")
+	gone := waitAddrs(t, 10*time.Second, "the vanished worker failing", func(w worker) bool {
+		return w.LastErrorResult == "unavailable" && w.PollsFailed >= 2
+	}, idle.addr)[idle.addr]
 	if gone.State == "fresh" || gone.Score != nil {
 		t.Errorf("vanished worker: state %q, score %v; the policy ignores its report, the view must say so", gone.State, gone.Score)
 	}
@@ -888,11 +883,9 @@ func grpcVanish(t *testing.T, out *outcomes) {
 		return err == nil
 	}, "listening again on %s", idle.addr)
 	idle.serve(ln)
-	var back worker
-	eventually(t, 20*time.Second, func() bool {
-		back = workers(t)[idle.addr]
-		return polledOK(back) && back.LastErrorResult == ""
-	}, "the returned worker polled")
+	back := waitAddrs(t, 20*time.Second, "the returned worker polled", func(w worker) bool {
+		return polledOK(w) && w.LastErrorResult == ""
+	}, idle.addr)[idle.addr]
 	eventually(t, 10*time.Second, func() bool {
 		c, err := grpcSend(1)
 		return err == nil && c["idle"] == 1

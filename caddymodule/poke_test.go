@@ -46,8 +46,7 @@ func TestRequestToUnmeasuredWorkerPollsIt(t *testing.T) {
 			t.Fatalf("warm-up poll %d did not come", i+1)
 		}
 	}
-	eventually(t, 5*time.Second, func() bool { return workers(t)[addr].PollsOK >= monitor.WarmUpPolls },
-		"the warm-up's last poll published")
+	waitAddrs(t, 5*time.Second, "the warm-up's last poll published", func(w worker) bool { return w.PollsOK >= monitor.WarmUpPolls }, addr)
 	sent := time.Now()
 	post(t, "http://127.0.0.1:9080/generate", `{"text":"a prompt","sampling_params":{"max_new_tokens":2}}`, nil)
 	at, ok := next(interval / 2)

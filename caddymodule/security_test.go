@@ -296,8 +296,7 @@ http://127.0.0.1:9080 {
 	}
 	tester := caddytest.NewTester(t)
 	tester.InitServer(config(""), "caddyfile")
-	var v worker
-	eventually(t, 10*time.Second, func() bool { v = workers(t)[addr]; return v.PollsFailed >= 2 }, "polls refused")
+	v := waitAddrs(t, 10*time.Second, "polls refused", func(w worker) bool { return w.PollsFailed >= 2 }, addr)[addr]
 	if v.State != "missing" || !strings.Contains(v.LastError, "certificate") || polls.Load() != 0 {
 		t.Errorf("self-signed load endpoint: state %q, error %q, %d polls answered; want every poll refused on the certificate",
 			v.State, v.LastError, polls.Load())
@@ -305,7 +304,7 @@ http://127.0.0.1:9080 {
 	tester.AssertGetResponse(proxyURL, http.StatusOK, "tls") // the proxied traffic's own opt-out stands
 
 	tester.InitServer(config("load_tls_insecure_skip_verify"), "caddyfile")
-	eventually(t, 10*time.Second, func() bool { v = workers(t)[addr]; return polledOK(v) && v.LastError == "" }, "polls answered")
+	v = waitAddrs(t, 10*time.Second, "polls answered", func(w worker) bool { return polledOK(w) && w.LastError == "" }, addr)[addr]
 	if polls.Load() == 0 {
 		t.Errorf("with load_tls_insecure_skip_verify: error %q, %d polls", v.LastError, polls.Load())
 	}

@@ -23,10 +23,9 @@ func TestSendersCountAnotherSender(t *testing.T) {
 	// waitSenders waits until the admin view's senders lies within [lo, hi].
 	waitSenders := func(lo, hi float64) {
 		t.Helper()
-		eventually(t, 15*time.Second, func() bool {
-			v, ok := workers(t)[addr]
-			return ok && v.Score != nil && v.Score.Senders != nil && *v.Score.Senders >= lo && *v.Score.Senders <= hi
-		}, "senders within [%v, %v]", lo, hi)
+		waitAddrs(t, 15*time.Second, fmt.Sprintf("senders within [%v, %v]", lo, hi), func(w worker) bool {
+			return w.Score != nil && w.Score.Senders != nil && *w.Score.Senders >= lo && *w.Score.Senders <= hi
+		}, addr)
 	}
 	// Each prompt's text is its own, so the worker's prefix cache prefills all 300 tokens of each.
 	send := func(base string, i int) {
