@@ -15,11 +15,12 @@ import (
 //     times new_token_ratio: a guess at the share of it they will still use;
 //   - new_token_ratio starts at initNewTokenRatio, falls to minNewTokenRatio over
 //     newTokenRatioDecaySteps decode steps, and is reset when the rank is idle;
-//   - when a decode step finds no room, the running requests with the fewest output tokens (the
-//     longest prompt first among equals) are retracted until the rest have room for
-//     retractDecodeSteps steps: their KV is freed, they go back to the head of the queue, and when
-//     admitted again they prefill their prompt and the output they had. new_token_ratio is then set
-//     to what the requests left have used of their max_tokens, with retractDecodeSteps more each.
+//   - when the pool has no room for the next token of every decoding request, the running requests
+//     with the fewest output tokens (the longest prompt first among equals) are retracted until the
+//     rest have room for retractDecodeSteps steps: their KV is freed, they go back to the head of the
+//     queue, and when admitted again they prefill their prompt and the output they had.
+//     new_token_ratio is then set to what the requests left have used of their max_tokens, with
+//     retractDecodeSteps more each.
 const (
 	initNewTokenRatio       = 0.7
 	minNewTokenRatio        = initNewTokenRatio * 0.14
@@ -78,9 +79,12 @@ func (w *Worker) decodeRoom(rk *rank, decodeStep func(r *request, n int) int64) 
 			decoding = append(decoding, r)
 		}
 	}
+	// SGLang checks before each decode step that the pool holds the next token of every decoding
+	// request (check_decode_mem). A tick may be a fraction of a step and cross no token; asking for
+	// none then would let a pool filled exactly stall every request, with none retracted.
 	need := func() (tokens int64) {
 		for _, r := range decoding {
-			tokens += decodeStep(r, len(decoding))
+			tokens += max(decodeStep(r, len(decoding)), 1)
 		}
 		return tokens
 	}
