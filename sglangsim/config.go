@@ -45,6 +45,11 @@ type Config struct {
 	Version string
 }
 
+// decodeSpeed is each request's decode speed, in tokens/s, in a batch of batch decoding requests.
+func (c *Config) decodeSpeed(batch int) float64 {
+	return c.DecodeTokensPerSec / (1 + float64(batch-1)/batchSlowdown)
+}
+
 func (c Config) withDefaults() Config {
 	if c.Name == "" {
 		c.Name = "sim"

@@ -420,11 +420,10 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 		w.admit(rk, now)
 		return
 	}
-	speedIn := func(batch int) float64 { return w.cfg.DecodeTokensPerSec / (1 + float64(batch-1)/batchSlowdown) }
 	// room is the KV tokens decoding may still allocate this step; -1: no bound.
 	retractedBefore := rk.retracted
 	room := w.decodeRoom(rk, func(r *request, batch int) int64 {
-		return int64(math.Min(r.gen+speedIn(batch)*dt, float64(r.output))) - r.emitted.Load()
+		return int64(math.Min(r.gen+w.cfg.decodeSpeed(batch)*dt, float64(r.output))) - r.emitted.Load()
 	})
 	retracted := rk.retracted - retractedBefore
 	decoding := 0
@@ -435,7 +434,7 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 	}
 	var speed float64
 	if decoding > 0 {
-		speed = speedIn(decoding)
+		speed = w.cfg.decodeSpeed(decoding)
 	}
 	budget := dt * w.cfg.PrefillTokensPerSec
 	var produced int64

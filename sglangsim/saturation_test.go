@@ -58,11 +58,8 @@ func TestSGLangAdmissionPastSaturation(t *testing.T) {
 			// arrives (itself included), prefilled and decoded one after the other, not side by side
 			// as the worker does, with decode at the throughput of the smallest batch the pool holds
 			// when every request is long; and its own decode at the speed of a full batch.
-			speed := func(batch int) float64 {
-				return cfg.DecodeTokensPerSec / (1 + float64(batch-1)/batchSlowdown)
-			}
 			leastBatch := int(cfg.MaxTotalTokens / (2000 + 512))
-			leastThroughput := float64(leastBatch) * speed(leastBatch)
+			leastThroughput := float64(leastBatch) * cfg.decodeSpeed(leastBatch)
 			work := func(r *request) float64 {
 				return float64(r.prompt)/cfg.PrefillTokensPerSec + float64(r.output)/leastThroughput
 			}
@@ -82,7 +79,7 @@ func TestSGLangAdmissionPastSaturation(t *testing.T) {
 				for ; next < requests && !start.Add(arrivals[next].at).After(now); next++ {
 					r := queueByHand(w, arrivals[next].j, start.Add(arrivals[next].at))
 					queued += work(r)
-					bound[r] = queued + float64(r.output)/speed(cfg.MaxRunningRequests)
+					bound[r] = queued + float64(r.output)/cfg.decodeSpeed(cfg.MaxRunningRequests)
 					all = append(all, r)
 					w.admit(rk, now) // as submit does
 				}
