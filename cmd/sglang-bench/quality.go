@@ -229,7 +229,7 @@ func runSeed(ctx context.Context, caddy string, specs []armSpec, jobs []job, sen
 
 func summarise(a *arm, name string, begin time.Time, polls0 []int64) armResult {
 	r := armResult{name: name, instances: a.instances(), requests: len(a.samples), share: make([]float64, len(workerScales))}
-	var lat, ttft []float64
+	var ttft []float64
 	var ok []sample
 	var last time.Time
 	var tokens, prompt, cached int
@@ -242,7 +242,6 @@ func summarise(a *arm, name string, begin time.Time, polls0 []int64) armResult {
 			continue
 		}
 		ok = append(ok, s)
-		lat = append(lat, s.latency.Seconds())
 		r.queueMean += s.queue
 		if s.stream {
 			ttft = append(ttft, s.ttft.Seconds())
@@ -269,9 +268,9 @@ func summarise(a *arm, name string, begin time.Time, polls0 []int64) armResult {
 		r.evicted, r.again = float64(evicted)/float64(prompt), float64(again)/float64(prompt)
 	}
 	r.ideal = a.ideal.rate()
-	slices.Sort(lat)
+	slices.SortFunc(ok, func(a, b sample) int { return cmp.Compare(a.latency, b.latency) })
 	slices.Sort(ttft)
-	r.p50, r.p90, r.p99 = quantile(lat, 0.5), quantile(lat, 0.9), quantile(lat, 0.99)
+	r.p50, r.p90, r.p99 = quantile(ok, 0.5).latency.Seconds(), quantile(ok, 0.9).latency.Seconds(), quantile(ok, 0.99).latency.Seconds()
 	r.ttftMean, r.ttft50, r.ttft90, r.ttft99 = mean(ttft), quantile(ttft, 0.5), quantile(ttft, 0.9), quantile(ttft, 0.99)
 	r.kvMean, r.kvPeak = a.fleet.kv()
 	r.retracted = float64(a.fleet.retracted()) / float64(max(r.requests, 1))
@@ -279,7 +278,6 @@ func summarise(a *arm, name string, begin time.Time, polls0 []int64) armResult {
 	for i, p := range a.fleet.pollCounts() {
 		r.pollsPerSec = append(r.pollsPerSec, float64(p-polls0[i])/r.seconds)
 	}
-	slices.SortFunc(ok, func(a, b sample) int { return cmp.Compare(a.latency, b.latency) })
 	r.tail, r.middle = band(ok, 1, 0.01), band(ok, 0.5, 0.05)
 	return r
 }
