@@ -17,8 +17,10 @@ import (
 //     newTokenRatioDecaySteps decode steps, and is reset when the rank is idle;
 //   - when the pool has no room for the next token of every decoding request, the running requests
 //     with the fewest output tokens (the longest prompt first among equals) are retracted until the
-//     rest have room for retractDecodeSteps steps: their KV is freed, they go back to the head of the
-//     queue, and when admitted again they prefill their prompt and the output they had.
+//     rest have room for retractDecodeSteps steps: their KV is freed, they go to the back of the
+//     queue in the order they were retracted (SGLang's _add_request_to_queue appends, and its default
+//     fcfs policy does not reorder the queue), and when admitted again they prefill their prompt and
+//     the output they had, which yields their next token.
 //     new_token_ratio is then set to what the requests left have used of their max_tokens, with
 //     retractDecodeSteps more each.
 const (
@@ -108,10 +110,8 @@ func (w *Worker) decodeRoom(rk *rank, decodeStep func(r *request, n int) int64) 
 		retracted = append(retracted, r)
 	}
 	rk.running = slices.DeleteFunc(rk.running, func(r *request) bool { return slices.Contains(retracted, r) })
-	// Back to the head of the queue, in the order they arrived: ahead of every request queued since.
-	slices.SortFunc(retracted, func(a, b *request) int { return a.enqueued.Compare(b.enqueued) })
-	for i := len(retracted) - 1; i >= 0; i-- {
-		rk.requeue(retracted[i])
+	for _, r := range retracted {
+		rk.requeue(r)
 	}
 	rk.retracted += int64(len(retracted))
 	var used, asked int64

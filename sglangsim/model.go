@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,8 +32,8 @@ import (
 //   - Prefill is one FIFO stream per rank at PrefillTokensPerSec over uncached prompt tokens only: a
 //     long queue of prompts delays every request behind it, which is why queued uncached tokens predict
 //     queueing delay. total_prefill_uncached_tokens and total_prefill_busy_us count that stream's work
-//     and busy time, so their ratio between two polls is PrefillTokensPerSec. Prefill yields the first
-//     output token. The admitted requests behind MaxPrefillTokens of prefill work are reported as SGLang
+//     and busy time, so their ratio between two polls is PrefillTokensPerSec. Prefill yields an output
+//     token: the first, or a retracted request's next. The admitted requests behind MaxPrefillTokens of prefill work are reported as SGLang
 //     reports the requests its prefill batch has not taken: waiting, their uncached tokens queued,
 //     their reservations not used.
 //   - Decode: each request in a batch of n decoding requests gains
@@ -302,10 +301,10 @@ func (rk *rank) queue(r *request, now time.Time) {
 	rk.counted(r)
 }
 
-// requeue puts a retracted request back at the head of the queue, where it waits to prefill its
-// prompt and the output it had.
+// requeue puts a retracted request at the end of the queue, where it waits to prefill its prompt
+// and the output it had; it keeps its arrival time.
 func (rk *rank) requeue(r *request) {
-	rk.waiting = slices.Insert(rk.waiting, 0, r)
+	rk.waiting = append(rk.waiting, r)
 	rk.counted(r)
 }
 
@@ -466,11 +465,15 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 			if r.prefillLeft <= 0 {
 				rk.hold(r, r.blocks[len(r.pins):])
 				r.state = stateDecode
-				if r.firstToken.IsZero() { // not back from a retraction: prefill yields the first token
+				first := r.firstToken.IsZero()
+				if first {
 					r.firstToken = now
-					if r.output > 0 {
-						emit(r, 1)
-					}
+				}
+				// Prefill yields a token: the first, or, back from a retraction, the next one.
+				if next := r.emitted.Load() + 1; next <= r.output {
+					emit(r, float64(next))
+				}
+				if first {
 					close(r.started)
 					r.poke()
 				}

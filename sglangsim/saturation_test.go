@@ -38,7 +38,8 @@ func saturatingArrivals(w *Worker, seed uint64, n int) []arrival {
 }
 
 // Past saturation, with SGLang's admission and the clock ticking as the worker's own does, every
-// request is answered in full within what the work queued ahead of it takes, no request is retracted
+// request is answered in full within what the work queued ahead of it takes (a retracted request, from
+// when it went to the back of the queue), no request is retracted
 // again and again, the pool is never over capacity, and an idle worker holds no KV. A worker that
 // stalls holds requests for minutes in the benchmark: with the decode steps of a tick rounded down to
 // no token, a pool filled exactly once let no request decode, and none was retracted, until a late
@@ -92,6 +93,8 @@ func TestSGLangAdmissionPastSaturation(t *testing.T) {
 					// Out of decode and not done: retracted (and maybe admitted again at once).
 					if decoding && (r.state == stateWaiting || r.state == statePrefill) {
 						retracted[r]++
+						// At the back of the queue again: behind every request unfinished now.
+						bound[r] = max(bound[r], now.Sub(r.enqueued).Seconds()+queued+float64(r.output)/cfg.decodeSpeed(cfg.MaxRunningRequests))
 					}
 					if r.state == stateDone {
 						queued -= work(r)
@@ -136,8 +139,8 @@ func TestSGLangAdmissionPastSaturation(t *testing.T) {
 }
 
 // maxRetractions is the most times a request may be retracted in TestSGLangAdmissionPastSaturation: a
-// request retracted again and again is what a livelock looks like. Over 200 seeds none was retracted
-// twice (at most 12 retractions in a run of 500 requests).
+// request retracted again and again is what a livelock looks like. Over 200 seeds, with retracted
+// requests queued at the back, three requests were retracted twice and none more.
 const maxRetractions = 2
 
 // Two requests whose output outgrows the pool, on the worker's own tick: a tick is a fraction of a decode
@@ -172,5 +175,60 @@ func TestDecodeOnAFullPoolRetracts(t *testing.T) {
 	}
 	if rk.retracted == 0 {
 		t.Error("both finished with no retraction in a pool that could not hold them")
+	}
+}
+
+// A retracted request goes to the back of the queue, behind a request that arrived after it, as
+// SGLang's scheduler appends it with its default fcfs policy; prefilled again, it yields its next
+// token at once, as SGLang's prefill of it does.
+func TestRetractedRequestQueuesAtTheBack(t *testing.T) {
+	const pool = 2000
+	w, now := handDriven(t, Config{PrefillTokensPerSec: 1e9, DecodeTokensPerSec: 100, MaxTotalTokens: pool, SGLangAdmission: true})
+	defer handBack(w)
+	rk := w.ranks[0]
+	first := queueByHand(w, sized(100, 1500), now)
+	w.admit(rk, now)
+	for range 6 * time.Second / tickEvery {
+		now = now.Add(tickEvery)
+		w.step(now)
+	}
+	second := queueByHand(w, sized(100, 1000), now)
+	w.admit(rk, now)
+	later := queueByHand(w, sized(100, 1500), now.Add(time.Millisecond)) // too large to be admitted beside them
+	w.admit(rk, now)
+	if len(rk.running) != 2 || len(rk.waiting) != 1 {
+		t.Fatalf("%d running and %d waiting, want 2 and 1", len(rk.running), len(rk.waiting))
+	}
+	var had int64
+	for step := 0; rk.retracted == 0; step++ {
+		if step > int(30*time.Second/tickEvery) {
+			t.Fatalf("no retraction: %d and %d tokens, %d of %d KV tokens used", first.emitted.Load(), second.emitted.Load(), rk.used(), pool)
+		}
+		had = second.emitted.Load()
+		now = now.Add(tickEvery)
+		w.step(now)
+	}
+	if second.state != stateWaiting || first.state != stateDecode {
+		t.Fatalf("retracted: states %d (first) and %d (second), want the second, with fewer tokens, waiting", first.state, second.state)
+	}
+	if len(rk.waiting) != 2 || rk.waiting[0] != later || rk.waiting[1] != second {
+		t.Fatalf("queue after the retraction: %d waiting, want the later arrival then the retracted request", len(rk.waiting))
+	}
+	had = max(had, second.emitted.Load()) // the tokens it had when retracted: the last step may have added some
+	for step := 0; second.state != stateDecode; step++ {
+		if step > int(60*time.Second/tickEvery) {
+			t.Fatalf("the retracted request was not prefilled again: state %d, %d served", second.state, w.served)
+		}
+		if second.state == stateWaiting && second.emitted.Load() != had {
+			t.Fatalf("a waiting request's output moved from %d to %d tokens", had, second.emitted.Load())
+		}
+		now = now.Add(tickEvery)
+		w.step(now)
+	}
+	if later.admitted.IsZero() {
+		t.Error("the retracted request was prefilled again ahead of the later arrival")
+	}
+	if got := second.emitted.Load(); got != had+1 {
+		t.Errorf("prefilled again with %d tokens: %d after it, want %d", had, got, had+1)
 	}
 }
