@@ -84,6 +84,10 @@ func qualityPolicies() []policy {
 		// assumes 32: how much knowing the fleet's own figure is worth.
 		study(sglangLoad("sglang_load cost 10s halving 16", 10*time.Second, "metric cost", "decode_batch_halving 16")),
 		study(sglangLoad("sglang_load cost 1s halving 16", time.Second, "metric cost", "decode_batch_halving 16")),
+		// The cost metric without reading the body: the prompt from Content-Length, every answer at
+		// default_max_tokens. What it keeps of the win is what a default that reads no body would have.
+		study(sglangLoad("sglang_load cost 10s unread", 10*time.Second, "metric cost", "read_body off")),
+		study(sglangLoad("sglang_load cost 1s unread", time.Second, "metric cost", "read_body off")),
 	}
 }
 
