@@ -143,32 +143,45 @@ func TestSGLangAdmissionPastSaturation(t *testing.T) {
 // requests queued at the back, three requests were retracted twice and none more.
 const maxRetractions = 2
 
+// outgrowingPool is the KV pool of outgrowingPair's worker.
+const outgrowingPool = 2000
+
+// outgrowingPair starts two requests whose output outgrows the pool, on a hand-driven worker (the
+// caller hands it back): a first of 100 + 1,500 decodes alone for 6 s, so the guess falls to its
+// least, then a second of 100 + 1,000 is admitted beside it: 700 used, 899 more guessed at 0.098 (88),
+// so it fits, though both need 2,699 in all.
+func outgrowingPair(t *testing.T) (w *Worker, first, second *request, now time.Time) {
+	t.Helper()
+	w, now = handDriven(t, Config{PrefillTokensPerSec: 1e9, DecodeTokensPerSec: 100, MaxTotalTokens: outgrowingPool, SGLangAdmission: true})
+	rk := w.ranks[0]
+	first = queueByHand(w, sized(100, 1500), now)
+	w.admit(rk, now)
+	for range 6 * time.Second / tickEvery {
+		now = now.Add(tickEvery)
+		w.step(now)
+	}
+	second = queueByHand(w, sized(100, 1000), now)
+	w.admit(rk, now)
+	if len(rk.running) != 2 {
+		handBack(w)
+		t.Fatalf("%d running after the second arrived, want 2 (first has %d tokens)", len(rk.running), first.emitted.Load())
+	}
+	return w, first, second, now
+}
+
 // Two requests whose output outgrows the pool, on the worker's own tick: a tick is a fraction of a decode
 // step, but the pool must hold the next token of each, so the one with fewer tokens is retracted when it
 // cannot and both finish, where rounding the tick's tokens down to none let them stall on a pool filled
 // exactly.
 func TestDecodeOnAFullPoolRetracts(t *testing.T) {
-	const pool = 2000
-	w, now := handDriven(t, Config{PrefillTokensPerSec: 1e9, DecodeTokensPerSec: 100, MaxTotalTokens: pool, SGLangAdmission: true})
+	w, first, second, now := outgrowingPair(t)
 	defer handBack(w)
 	rk := w.ranks[0]
-	first := queueByHand(w, sized(100, 1500), now)
-	w.admit(rk, now)
-	for range 6 * time.Second / tickEvery { // alone: the guess falls to its least
-		now = now.Add(tickEvery)
-		w.step(now)
-	}
-	// 700 used, 899 more guessed at 0.098 (88): 100 + 1,000 more fit, though both need 2,699 in all.
-	second := queueByHand(w, sized(100, 1000), now)
-	w.admit(rk, now)
-	if len(rk.running) != 2 {
-		t.Fatalf("%d running after the second arrived, want 2 (first has %d tokens)", len(rk.running), first.emitted.Load())
-	}
 	// Alone, the two take under 25 s of decode.
 	for step := 0; w.served < 2; step++ {
 		if step > int(30*time.Second/tickEvery) {
 			t.Fatalf("stalled: %d and %d tokens of %d and %d, %d of %d KV tokens used, %d retracted",
-				first.emitted.Load(), second.emitted.Load(), first.output, second.output, rk.used(), pool, rk.retracted)
+				first.emitted.Load(), second.emitted.Load(), first.output, second.output, rk.used(), outgrowingPool, rk.retracted)
 		}
 		now = now.Add(tickEvery)
 		w.step(now)
@@ -182,18 +195,9 @@ func TestDecodeOnAFullPoolRetracts(t *testing.T) {
 // SGLang's scheduler appends it with its default fcfs policy; prefilled again, it yields its next
 // token at once, as SGLang's prefill of it does.
 func TestRetractedRequestQueuesAtTheBack(t *testing.T) {
-	const pool = 2000
-	w, now := handDriven(t, Config{PrefillTokensPerSec: 1e9, DecodeTokensPerSec: 100, MaxTotalTokens: pool, SGLangAdmission: true})
+	w, first, second, now := outgrowingPair(t)
 	defer handBack(w)
 	rk := w.ranks[0]
-	first := queueByHand(w, sized(100, 1500), now)
-	w.admit(rk, now)
-	for range 6 * time.Second / tickEvery {
-		now = now.Add(tickEvery)
-		w.step(now)
-	}
-	second := queueByHand(w, sized(100, 1000), now)
-	w.admit(rk, now)
 	later := queueByHand(w, sized(100, 1500), now.Add(time.Millisecond)) // too large to be admitted beside them
 	w.admit(rk, now)
 	if len(rk.running) != 2 || len(rk.waiting) != 1 {
@@ -202,7 +206,7 @@ func TestRetractedRequestQueuesAtTheBack(t *testing.T) {
 	var had int64
 	for step := 0; rk.retracted == 0; step++ {
 		if step > int(30*time.Second/tickEvery) {
-			t.Fatalf("no retraction: %d and %d tokens, %d of %d KV tokens used", first.emitted.Load(), second.emitted.Load(), rk.used(), pool)
+			t.Fatalf("no retraction: %d and %d tokens, %d of %d KV tokens used", first.emitted.Load(), second.emitted.Load(), rk.used(), outgrowingPool)
 		}
 		had = second.emitted.Load()
 		now = now.Add(tickEvery)
