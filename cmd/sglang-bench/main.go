@@ -52,6 +52,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&q.requests, "requests", 2000, "requests per policy and seed (affinity: at most this many of each workload)")
 	fs.Float64Var(&q.samplesShare, "samples-share", 0, "quality: this share of the requests ask for -samples answers each (n); 0: none")
 	fs.Float64Var(&q.outputScale, "output-scale", 1, "quality: max_tokens of every request times this (long answers, as a reasoning model's)")
+	fs.BoolVar(&q.independentAnswers, "independent-answers", false, "quality: draw each request's answer size (max_tokens 64 or 512, 20% long) apart from its prompt's, so that only max_tokens tells a long answer; the why tables' long then means a long answer")
 	fs.IntVar(&q.samples, "samples", 4, "quality: answers asked for (n) by the -samples-share of requests")
 	fs.BoolVar(&sglangAdmission, "sglang-admission", true, "quality, replicas, affinity: the simulated workers admit as SGLang does (KV allocated as decoded, admission on a guess of the output to come, retraction when it was wrong); -sglang-admission=false: each request reserves its prompt and whole max_tokens, as in the results files that do not name their admission")
 	fs.IntVar(&q.fleetPorts, "fleet-ports", 20000, "quality, replicas, affinity: the simulated workers listen on fixed loopback ports from this one on (a block per seed and arm, below the ephemeral range), so a rerun draws the same homes for the same prefixes; 0: any free ports")

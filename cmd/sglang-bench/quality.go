@@ -28,6 +28,8 @@ type qualityOptions struct {
 	samples      int
 	// outputScale multiplies the quality workload's max_tokens.
 	outputScale float64
+	// independentAnswers draws the quality workload's answer sizes apart from its prompt sizes.
+	independentAnswers bool
 }
 
 // parallelLoad is the offered load, in requests/s summed over every arm, that the machine carries at about
@@ -378,6 +380,9 @@ func runQuality(ctx context.Context, o qualityOptions, stdout, stderr io.Writer)
 		res, err := runSeeds(ctx, o.caddy, singleInstance(ps), o.seedsAtOnce(rate, len(ps)), o.fleetPorts, o.seeds,
 			func(seed int64) []job {
 				jobs := withSamples(qualityWorkload(seed, rate, o.requests), seed, o.samplesShare, o.samples)
+				if o.independentAnswers {
+					jobs = withIndependentAnswers(jobs, seed)
+				}
 				return withOutputScale(jobs, o.outputScale)
 			}, stderr, fmt.Sprintf("%g/s", rate))
 		if err != nil {

@@ -122,6 +122,18 @@ const spreadLegend = "Every figure is the median over seeds with its range (min.
 	"seed against the baseline of the same seed (both saw the same requests at the same moments); **better** / " +
 	"**worse**: the whole range is on that side of 1, so the difference holds on every seed; ~: the range includes 1.\n\n"
 
+// sizesLine says how long the workload's prompts and answers are.
+func sizesLine(o qualityOptions) string {
+	short, long := scaledOutput(shortOutput, o.outputScale), scaledOutput(longOutput, o.outputScale)
+	if o.independentAnswers {
+		return fmt.Sprintf("prompts %.0f%% short (%d tokens), %.0f%% long (%d); answers drawn apart from the prompts, "+
+			"%.0f%% short (max_tokens %d), %.0f%% long (max_tokens %d)",
+			(1-longShare)*100, shortPrompt, longShare*100, longPrompt, (1-longShare)*100, short, longShare*100, long)
+	}
+	return fmt.Sprintf("%.0f%% short (prompt %d, max_tokens %d), %.0f%% long (prompt %d, max_tokens %d)",
+		(1-longShare)*100, shortPrompt, short, longShare*100, longPrompt, long)
+}
+
 // samplesLine says what share of the workload asks for several answers, if any.
 func samplesLine(o qualityOptions) string {
 	if o.samplesShare <= 0 || o.samples <= 1 {
@@ -133,11 +145,9 @@ func samplesLine(o qualityOptions) string {
 func qualityMarkdown(o qualityOptions, runs []qualityRun, total cpuUse) string {
 	var b strings.Builder
 	header(&b, "Routing quality")
-	fmt.Fprintf(&b, "Workload: %d requests per policy and seed, Poisson arrivals; %.0f%% short (prompt %d, max_tokens %d), "+
-		"%.0f%% long (prompt %d, max_tokens %d); %.0f%% streamed; %seach prompt unique from its first token. Seeds %v. %s "+
+	fmt.Fprintf(&b, "Workload: %d requests per policy and seed, Poisson arrivals; %s; %.0f%% streamed; %seach prompt unique from its first token. Seeds %v. %s "+
 		"All policies of a seed run at once, each with its own Caddy and its own workers, sent the same requests at the same moments.\n\n",
-		o.requests, (1-longShare)*100, shortPrompt, scaledOutput(shortOutput, o.outputScale), longShare*100, longPrompt, scaledOutput(longOutput, o.outputScale), streamShare*100,
-		samplesLine(o), o.seeds, fleetLine(o.fleetPorts))
+		o.requests, sizesLine(o), streamShare*100, samplesLine(o), o.seeds, fleetLine(o.fleetPorts))
 	fmt.Fprintf(&b, "CPU, whole run: %s.\n\n", total)
 	b.WriteString(spreadLegend)
 	for _, run := range runs {

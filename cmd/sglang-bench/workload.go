@@ -98,6 +98,22 @@ func withSamples(jobs []job, seed int64, share float64, n int) []job {
 	return jobs
 }
 
+// withIndependentAnswers draws each job's answer long (longOutput) or short (shortOutput) on a draw of
+// its own, at the same share, whatever its prompt (-independent-answers): a router then learns an
+// answer's size from max_tokens only, not from the prompt's length. long then marks a long answer. Its
+// own random stream, so the arrivals and prompts are those of the workload without it.
+func withIndependentAnswers(jobs []job, seed int64) []job {
+	rnd := rand.New(rand.NewPCG(uint64(seed), 0x1d3a45))
+	for i := range jobs {
+		jobs[i].long = rnd.Float64() < longShare
+		jobs[i].maxTokens = shortOutput
+		if jobs[i].long {
+			jobs[i].maxTokens = longOutput
+		}
+	}
+	return jobs
+}
+
 // withOutputScale multiplies every job's max_tokens by k (-output-scale): the same arrivals and prompts,
 // longer answers, as a reasoning model's.
 func withOutputScale(jobs []job, k float64) []job {

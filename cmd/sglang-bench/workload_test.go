@@ -398,6 +398,45 @@ func TestWithSamples(t *testing.T) {
 	}
 }
 
+// -independent-answers draws each answer's size apart from its prompt's: the prompts and arrivals stay,
+// a fifth of the answers are long, and as many of the long prompts' answers as of the short ones'.
+func TestWithIndependentAnswers(t *testing.T) {
+	const n = 20000
+	plain := qualityWorkload(3, 24, n)
+	jobs := withIndependentAnswers(qualityWorkload(3, 24, n), 3)
+	var longAnswers, longPrompts, both int
+	for i, j := range jobs {
+		wantOut := shortOutput
+		if j.long {
+			wantOut = longOutput
+			longAnswers++
+		}
+		if j.maxTokens != wantOut {
+			t.Fatalf("job %d (long %t): max_tokens %d, want %d", i, j.long, j.maxTokens, wantOut)
+		}
+		if plain[i].long {
+			longPrompts++
+			if j.long {
+				both++
+			}
+		}
+		j.maxTokens, j.long = plain[i].maxTokens, plain[i].long
+		if fmt.Sprint(j) != fmt.Sprint(plain[i]) {
+			t.Fatalf("job %d changed beyond its answer", i)
+		}
+	}
+	// Binomial standard deviations: under 0.003 over all jobs, under 0.007 over the long prompts'.
+	if s := float64(longAnswers) / n; math.Abs(s-longShare) > 0.015 {
+		t.Errorf("long answers %.3f of all, want %.2f", s, longShare)
+	}
+	if s := float64(both) / float64(longPrompts); math.Abs(s-longShare) > 0.03 {
+		t.Errorf("long answers %.3f of the long prompts', want %.2f: not drawn apart", s, longShare)
+	}
+	if got := sizesLine(qualityOptions{outputScale: 1, independentAnswers: true}); !strings.Contains(got, "answers drawn apart from the prompts, 80% short (max_tokens 64), 20% long (max_tokens 512)") {
+		t.Errorf("workload line: %s", got)
+	}
+}
+
 // -output-scale multiplies max_tokens and changes nothing else of the jobs.
 func TestWithOutputScale(t *testing.T) {
 	plain := qualityWorkload(3, 24, 500)
