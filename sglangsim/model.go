@@ -33,9 +33,9 @@ import (
 //     long queue of prompts delays every request behind it, which is why queued uncached tokens predict
 //     queueing delay. total_prefill_uncached_tokens and total_prefill_busy_us count that stream's work
 //     and busy time, so their ratio between two polls is PrefillTokensPerSec. Prefill yields an output
-//     token: the first, or a retracted request's next. The admitted requests behind MaxPrefillTokens of prefill work are reported as SGLang
-//     reports the requests its prefill batch has not taken: waiting, their uncached tokens queued,
-//     their reservations not used.
+//     token: the first, or a retracted request's next. The admitted requests behind MaxPrefillTokens of
+//     prefill work are reported as SGLang reports the requests its prefill batch has not taken:
+//     waiting, their uncached tokens queued, their reservations not used.
 //   - Decode: each request in a batch of n decoding requests gains
 //     DecodeTokensPerSec / (1 + (n-1)/16) tokens per second, so a lone request decodes at
 //     DecodeTokensPerSec and the rank's total throughput saturates near 16 × DecodeTokensPerSec.

@@ -203,12 +203,10 @@ func TestRetractedRequestQueuesAtTheBack(t *testing.T) {
 	if len(rk.running) != 2 || len(rk.waiting) != 1 {
 		t.Fatalf("%d running and %d waiting, want 2 and 1", len(rk.running), len(rk.waiting))
 	}
-	var had int64
 	for step := 0; rk.retracted == 0; step++ {
 		if step > int(30*time.Second/tickEvery) {
 			t.Fatalf("no retraction: %d and %d tokens, %d of %d KV tokens used", first.emitted.Load(), second.emitted.Load(), rk.used(), outgrowingPool)
 		}
-		had = second.emitted.Load()
 		now = now.Add(tickEvery)
 		w.step(now)
 	}
@@ -218,7 +216,7 @@ func TestRetractedRequestQueuesAtTheBack(t *testing.T) {
 	if len(rk.waiting) != 2 || rk.waiting[0] != later || rk.waiting[1] != second {
 		t.Fatalf("queue after the retraction: %d waiting, want the later arrival then the retracted request", len(rk.waiting))
 	}
-	had = max(had, second.emitted.Load()) // the tokens it had when retracted: the last step may have added some
+	had := second.emitted.Load() // retracted before the step's decode: what it had
 	for step := 0; second.state != stateDecode; step++ {
 		if step > int(60*time.Second/tickEvery) {
 			t.Fatalf("the retracted request was not prefilled again: state %d, %d served", second.state, w.served)
