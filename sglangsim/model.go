@@ -297,12 +297,11 @@ func (w *Worker) submit(j job) (*request, error) {
 // queue puts r at the end of the rank's waiting queue, arrived at now.
 func (rk *rank) queue(r *request, now time.Time) {
 	r.rank, r.enqueued = rk, now
-	rk.waiting = append(rk.waiting, r)
-	rk.counted(r)
+	rk.requeue(r)
 }
 
-// requeue puts a retracted request at the end of the queue, where it waits to prefill its prompt
-// and the output it had; it keeps its arrival time.
+// requeue puts r at the end of the queue, keeping its arrival time: a retracted request waits there to
+// prefill its prompt and the output it had.
 func (rk *rank) requeue(r *request) {
 	rk.waiting = append(rk.waiting, r)
 	rk.counted(r)

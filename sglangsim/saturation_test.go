@@ -64,6 +64,7 @@ func TestSGLangAdmissionPastSaturation(t *testing.T) {
 			work := func(r *request) float64 {
 				return float64(r.prompt)/cfg.PrefillTokensPerSec + float64(r.output)/leastThroughput
 			}
+			ownDecode := func(r *request) float64 { return float64(r.output) / cfg.decodeSpeed(cfg.MaxRunningRequests) }
 			bound := map[*request]float64{}
 			var all []*request
 			var queued float64 // the work of requests not yet finished
@@ -80,7 +81,7 @@ func TestSGLangAdmissionPastSaturation(t *testing.T) {
 				for ; next < requests && !start.Add(arrivals[next].at).After(now); next++ {
 					r := queueByHand(w, arrivals[next].j, start.Add(arrivals[next].at))
 					queued += work(r)
-					bound[r] = queued + float64(r.output)/cfg.decodeSpeed(cfg.MaxRunningRequests)
+					bound[r] = queued + ownDecode(r)
 					all = append(all, r)
 					w.admit(rk, now) // as submit does
 				}
@@ -94,7 +95,7 @@ func TestSGLangAdmissionPastSaturation(t *testing.T) {
 					if decoding && (r.state == stateWaiting || r.state == statePrefill) {
 						retracted[r]++
 						// At the back of the queue again: behind every request unfinished now.
-						bound[r] = max(bound[r], now.Sub(r.enqueued).Seconds()+queued+float64(r.output)/cfg.decodeSpeed(cfg.MaxRunningRequests))
+						bound[r] = max(bound[r], now.Sub(r.enqueued).Seconds()+queued+ownDecode(r))
 					}
 					if r.state == stateDone {
 						queued -= work(r)
