@@ -133,7 +133,7 @@ func (p *Policy) sizeOf(st *requestState, r *http.Request) loadpolicy.Request {
 func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	st := p.readRequest(r)
 	if st == nil || len(st.key.Blocks) == 0 {
-		return p.selectByCost(pool, x, p.sizeOf(st, r), r, w)
+		return p.selectByCost(pool, x, p.sizeOf(st, r), true, r, w)
 	}
 	c := candidatesPool.Get().(*affinityCandidates)
 	defer candidatesPool.Put(c)
@@ -364,12 +364,16 @@ func (p *Policy) workerOf(dial string) affinity.Worker {
 
 // selectByCost is Select with the cost metric for a request of size: without affinity, or with it for a
 // request without a key.
-func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, x *poolIndex, size loadpolicy.Request, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, x *poolIndex, size loadpolicy.Request, bodyRead bool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	var v poolView
 	v.init(p, pool, x)
-	v.size = size
+	v.size, v.r, v.bodyRead = size, r, bodyRead
 	p.costParams(&v.params)
 	idx, ok := loadpolicy.Choose(p.choice, p.metric, len(pool), v.priced, rand.IntN)
+	if v.resized {
+		// Priced by the Content-Length until a worker refused that: choose again, all at the body's size.
+		idx, ok = loadpolicy.Choose(p.choice, p.metric, len(pool), v.priced, rand.IntN)
+	}
 	if !ok {
 		return p.selectFallback(pool, r, w)
 	}

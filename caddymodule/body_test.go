@@ -2,6 +2,7 @@ package caddymodule_test
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -81,10 +82,11 @@ func chatBodyOf(size int, line string) []byte {
 }
 
 // TestCostMetricKeepsTheBody sends bodies of every kind the policy reads, skips or reads only the head of
-// through Caddy with the cost metric, and checks that the upstream receives exactly the bytes sent.
+// through Caddy with the cost metric (named, and as the default, which reads chunked bodies only
+// here), and checks that the upstream receives exactly the bytes sent.
 func TestCostMetricKeepsTheBody(t *testing.T) {
-	for _, policy := range []string{"metric cost\n\t\t\tread_body 64KiB", "affinity prefix"} {
-		t.Run(policy, func(t *testing.T) { testBodyKept(t, policy) })
+	for _, policy := range []string{"metric cost\n\t\t\tread_body 64KiB", "affinity prefix", ""} {
+		t.Run(cmp.Or(policy, "default"), func(t *testing.T) { testBodyKept(t, policy) })
 	}
 }
 

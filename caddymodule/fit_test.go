@@ -82,21 +82,23 @@ func testSentWhereItFits(t *testing.T, policy string) {
 	}
 }
 
-// With the signal metrics (the default, and each one named), a request whose prompt is too long for a
-// worker's KV pool goes to a worker that takes it, and one that no worker takes gets a worker's own
-// refusal, chosen by the fallback policy. A request that both take may go to either: with a metric that
-// counts requests, two idle workers tie and both get such requests, a chat whose Content-Length is
-// mostly an image too. (The default and token metrics weigh one more request by the worker's pool, and
-// send it to the large one.)
-func TestSignalMetricsPassOverAWorkerThatRefuses(t *testing.T) {
-	for _, policy := range []string{"", "choose least", "metric waiting", "metric running"} {
-		t.Run(cmp.Or(strings.ReplaceAll(policy, " ", "_"), "default"), func(t *testing.T) {
-			testSignalsPassOver(t, policy, strings.HasPrefix(policy, "metric "))
+// With the signal metrics, and with the default policy (the cost metric reading the body only where
+// they do), a request whose prompt is too long for a worker's KV pool by its Content-Length or its
+// text goes to a worker that takes it, and one that no worker takes gets a worker's own refusal,
+// chosen by the fallback policy with the signals and by price with the cost metric. A request that
+// both take may go to either: with a metric that counts requests, two idle workers tie and both get
+// such requests, a chat whose Content-Length is mostly an image too. (The token metrics weigh one more
+// request by the worker's pool, and send it to the large one.)
+func TestDefaultAndSignalMetricsPassOverAWorkerThatRefuses(t *testing.T) {
+	for _, policy := range []string{"", "metric auto", "metric auto\n\t\t\tchoose least", "metric waiting", "metric running"} {
+		name := strings.NewReplacer(" ", "_", "\n\t\t\t", "_").Replace(cmp.Or(policy, "default"))
+		t.Run(name, func(t *testing.T) {
+			testSignalsPassOver(t, policy, strings.HasPrefix(policy, "metric ") && !strings.HasPrefix(policy, "metric auto"))
 		})
 	}
 }
 
-// testSignalsPassOver runs TestSignalMetricsPassOverAWorkerThatRefuses with policy; ties says that
+// testSignalsPassOver runs TestDefaultAndSignalMetricsPassOverAWorkerThatRefuses with policy; ties says that
 // two idle workers tie under it.
 func testSignalsPassOver(t *testing.T, policy string, ties bool) {
 	addrs := smallAndLarge(t, policy)
@@ -153,8 +155,12 @@ func testSignalsPassOver(t *testing.T, policy string, ties bool) {
 	if code, by, _ := sendGenerate(t, huge); code != http.StatusBadRequest || by == "" {
 		t.Errorf("a request no worker takes: status %d from %q, want a worker's 400", code, by)
 	}
-	if d := selected(t, scrape(t), "fallback") - selected(t, before, "fallback"); d != 1 {
-		t.Errorf("selections by the fallback grew by %v with the request no worker takes, want 1", d)
+	branch := "fallback"
+	if policy == "" {
+		branch = "load" // the cost metric prices every worker out, and sends it to one
+	}
+	if d := selected(t, scrape(t), branch) - selected(t, before, branch); d != 1 {
+		t.Errorf("selections by %s grew by %v with the request no worker takes, want 1", branch, d)
 	}
 }
 

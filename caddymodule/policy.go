@@ -29,10 +29,11 @@ func init() {
 	caddy.RegisterModule(new(Policy))
 }
 
-// Policy is the sglang_load selection policy: it sends each request to the upstream with the most
-// room according to the loads the sglang_load app polls from the SGLang workers, corrected by the
-// proxy's own requests started since each report. With no fresh loads it falls back to another
-// selection policy.
+// Policy is the sglang_load selection policy: it sends each request to the upstream where it would
+// take the least time (the cost metric, by default), or that has the most room by a load signal,
+// according to the loads the sglang_load app polls from the SGLang workers, corrected by the proxy's
+// own requests started since each report. With no fresh loads it falls back to another selection
+// policy.
 type Policy struct {
 	// How to poll each upstream's load: `http` (GET /v1/loads?include=core) or `grpc`
 	// (SglangScheduler.GetLoads). Default: http.
@@ -67,7 +68,8 @@ type Policy struct {
 	// What to compare: cost (the time, in seconds, this request would take on each upstream: its wait,
 	// prefill and decode, from the upstream's report projected to now), or one of the load signals: auto
 	// (the most precise signal both upstreams report), queued_tokens, token_latency, token_usage,
-	// used_tokens, waiting or running. Default: auto.
+	// used_tokens, waiting or running. Default: cost, which then reads a body only where the signal
+	// metrics do (see read_body).
 	Metric string `json:"metric,omitempty"`
 
 	// How to pick: power_of_two (compare two random upstreams, take the less loaded), least (the least
@@ -119,7 +121,8 @@ type Policy struct {
 	// JSON bodies of /v1/chat/completions, /v1/completions and /generate without a Content-Encoding are
 	// read. The signal metrics read it only when the Content-Length says the prompt is too long for a
 	// worker, or when the body is chunked. -1: never read; the prompt is then estimated from
-	// Content-Length and the output is default_max_tokens. Default: 65536.
+	// Content-Length and the output is default_max_tokens. Default: 65536, read only as the signal
+	// metrics read it where metric, affinity and read_body are all left to their defaults.
 	ReadBody int `json:"read_body,omitempty"`
 
 	// How many more requests in a decoding batch halve each one's decode speed, for the cost metric:
@@ -284,7 +287,7 @@ func (p *Policy) parseOptions() error {
 		p.spec.tls = true
 	}
 	var err error
-	if p.metric, err = loadpolicy.ParseMetric(p.Metric); err != nil {
+	if p.metric, err = loadpolicy.ParseMetric(cmp.Or(p.Metric, loadpolicy.MetricCost.String())); err != nil {
 		return fmt.Errorf("metric: %w", err)
 	}
 	if p.choice, err = loadpolicy.ParseChoice(p.Choose); err != nil {
@@ -412,6 +415,15 @@ func (p *Policy) delayToOthers() float64 {
 
 func (p *Policy) defaultMaxTokens() int64 { return cmp.Or(p.DefaultMaxTokens, defaultMaxTokens) }
 
+// sizesFromBody reports whether the cost metric reads each request's body to size it. The default
+// policy (metric, affinity and read_body unset) reads it only where the signal metrics do, where the
+// Content-Length says a worker would refuse the prompt or the body is chunked: the default leaves the
+// client's body alone, and unread the cost metric keeps most of its win (p99 0.41× least_conn against
+// 0.39× at 24/s, results/2026-12-07/quality-unread.md).
+func (p *Policy) sizesFromBody() bool {
+	return p.ReadBody > 0 || p.ReadBody == 0 && (p.Metric != "" || p.Affinity != "")
+}
+
 // parentHandler is the reverse proxy handler being provisioned around this policy, if any.
 func parentHandler(ctx caddy.Context) *reverseproxy.Handler {
 	mods := ctx.Modules()
@@ -472,7 +484,12 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	case p.affinityIndex != nil:
 		return p.selectByAffinity(pool, x, r, w)
 	case p.metric.Cost():
-		return p.selectByCost(pool, x, p.sizeOf(p.readRequest(r), r), r, w)
+		var st *requestState
+		read := p.sizesFromBody() || r.ContentLength < 0 && hasBody(r)
+		if read {
+			st = p.readRequest(r)
+		}
+		return p.selectByCost(pool, x, p.sizeOf(st, r), read, r, w)
 	}
 	var v poolView
 	v.init(p, pool, x)

@@ -24,11 +24,13 @@ type poolView struct {
 	params loadpolicy.CostParams
 	// prompt is the request's prompt tokens, with the signal metrics: an upstream whose report says it
 	// refuses so long a prompt is passed over. It is first what the Content-Length says (a chunked body,
-	// as long as can be); past what an upstream takes, the body is read once (readPrompt) and prompt is
+	// as long as can be); past what an upstream takes, the body is read once (readBody) and prompt is
 	// what its text says, since a base64 image counts bytes that are not prompt tokens.
 	prompt   int64
 	r        *http.Request
 	bodyRead bool
+	// resized says that the cost metric's size of the request changed when the body was read.
+	resized bool
 }
 
 // init makes v the pool as Select sees it now; x is p.index if pool is the static one, else nil. In
@@ -100,7 +102,7 @@ func (v *poolView) signals(i int) (loadpolicy.Candidate, bool) {
 	}
 	if !rep.Admits(v.prompt) {
 		// Too long for it by the Content-Length: the body says how long, once read.
-		if v.readPrompt(); !rep.Admits(v.prompt) {
+		if v.readBody(); !rep.Admits(v.prompt) {
 			return loadpolicy.Candidate{}, false // SGLang would refuse it there (400): another may take it
 		}
 	}
@@ -108,12 +110,14 @@ func (v *poolView) signals(i int) (loadpolicy.Candidate, bool) {
 	return c, true
 }
 
-// readPrompt sizes the prompt from the request's body, once: its head read as the cost metric reads
-// it (and put back for the upstream), else the Content-Length again (a body that is not read).
-func (v *poolView) readPrompt() {
+// readBody sizes the request from its body, once: its head read as the cost metric reads it (and put
+// back for the upstream), else the Content-Length again (a body that is not read).
+func (v *poolView) readBody() {
 	if !v.bodyRead {
 		v.bodyRead = true
-		v.prompt = v.p.sizeOf(v.p.readRequest(v.r), v.r).PromptTokens
+		size := v.p.sizeOf(v.p.readRequest(v.r), v.r)
+		v.resized = size != v.size
+		v.size, v.prompt = size, size.PromptTokens
 	}
 }
 
@@ -123,7 +127,11 @@ func (v *poolView) priced(i int) (loadpolicy.Candidate, bool) {
 	ep, inflight, ok := v.upstream(i)
 	c := loadpolicy.Candidate{Inflight: inflight}
 	if ep != nil {
-		ep.priced(v.report(i, ep), &c, v.now, v.size, 0, &v.params, v.p.noExtra)
+		rep := v.report(i, ep)
+		if !v.bodyRead && rep != nil && !rep.Admits(v.size.PromptTokens) {
+			v.readBody() // too long for it by the Content-Length: the body says how long
+		}
+		ep.priced(rep, &c, v.now, v.size, 0, &v.params, v.p.noExtra)
 	}
 	return c, ok
 }

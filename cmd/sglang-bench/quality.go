@@ -78,6 +78,11 @@ func qualityPolicies() []policy {
 		sglangLoad("sglang_load cost 10s", 10*time.Second, "metric cost"),
 		sglangLoad("sglang_load cost 10s no-inflight", 10*time.Second, "metric cost", "inflight_correction off"),
 		sglangLoad("sglang_load cost 1s", time.Second, "metric cost"),
+		// The policy as a user gets it: the cost metric, reading a body only where a worker would
+		// refuse the prompt by its Content-Length (none here), so every answer is priced at
+		// default_max_tokens.
+		sglangLoad("sglang_load default 10s", 10*time.Second),
+		sglangLoad("sglang_load default 1s", time.Second),
 		// Studies, run when named. The default prices the delay a request brings the others in its
 		// batch; "alone" prices the request alone, so each goes where it finishes first.
 		study(sglangLoad("sglang_load cost 10s alone", 10*time.Second, "metric cost", "delay_to_others 0")),

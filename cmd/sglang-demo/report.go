@@ -176,8 +176,9 @@ type workerView struct {
 		Totals totalsView `json:"totals"`
 	} `json:"report"`
 	Score *struct {
-		Signal string  `json:"signal"`
-		Value  float64 `json:"value"`
+		Signal      string   `json:"signal"`
+		Value       float64  `json:"value"`
+		CostSeconds *float64 `json:"cost_seconds"`
 	} `json:"score"`
 	AffinityBlocks *int64 `json:"affinity_blocks"`
 }
@@ -224,15 +225,15 @@ func printAdmin(ctx context.Context, w io.Writer, client *http.Client, admin str
 			}
 		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(tw, "  worker\tstate\treport age\tpolls ok/failed\trunning\twaiting\tKV use\tin flight\tscore%s%s\n", blocksCol, errCol)
+		fmt.Fprintf(tw, "  worker\tstate\treport age\tpolls ok/failed\trunning\twaiting\tKV use\tin flight\tprice\tscore%s%s\n", blocksCol, errCol)
 		for _, v := range views {
 			var t totalsView
 			if v.Report != nil {
 				t = v.Report.Totals
 			}
-			score := "-"
+			price, score := "-", "-"
 			if v.Score != nil {
-				score = fmt.Sprintf("%s %.4g", v.Score.Signal, v.Score.Value)
+				price, score = show(v.Score.CostSeconds, "%.2fs"), fmt.Sprintf("%s %.4g", v.Score.Signal, v.Score.Value)
 			}
 			blocks := ""
 			if blocksCol != "" {
@@ -246,12 +247,14 @@ func printAdmin(ctx context.Context, w io.Writer, client *http.Client, admin str
 			if errCol != "" {
 				lastErr = "\t" + v.LastError
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s/%s\t%s\t%s\t%s\t%s\t%s%s%s\n", strings.Join(v.Upstreams, " "), v.State,
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s/%s\t%s\t%s\t%s\t%s\t%s\t%s%s%s\n", strings.Join(v.Upstreams, " "), v.State,
 				show(v.ReportAge, "%.1fs"), show(v.PollsOK, "%d"), show(v.PollsFailed, "%d"),
 				show(t.Running, "%d"), show(t.Waiting, "%d"), show(usage, "%.0f%%"),
-				show(v.Inflight, "%d"), score, blocks, lastErr)
+				show(v.Inflight, "%d"), price, score, blocks, lastErr)
 		}
 		tw.Flush()
+		fmt.Fprintln(w, "  price: what a request of 512 prompt and 256 output tokens would take there now (the cost metric);")
+		fmt.Fprintln(w, "  score: the most precise load signal the worker reports (the signal metrics); lower wins both")
 		if blocksCol != "" {
 			fmt.Fprintf(w, "  prompt blocks: the %d-token prompt blocks the affinity index remembers sending there\n", affinity.BlockTokens)
 		}

@@ -1,0 +1,133 @@
+package caddymodule
+
+import (
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
+)
+
+// watchedBody is a request body that counts the reads of it.
+type watchedBody struct {
+	io.Reader
+	reads int
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	b.reads++
+	return b.Reader.Read(p)
+}
+
+func (*watchedBody) Close() error { return nil }
+
+// The default policy (the cost metric, metric and affinity unset) reads a body only where the signal
+// metrics do: when the Content-Length says a worker would refuse the prompt, or the body is chunked.
+// Otherwise it prices the prompt by the Content-Length and the answer at default_max_tokens. Named,
+// the cost metric reads every body; read_body off reads none. The small worker takes prompts of up to
+// 4,090 tokens, the large one 65,530.
+func TestDefaultPolicyReadsTheBodyOnlyWhereAWorkerWouldRefuse(t *testing.T) {
+	chat := func(content string) string {
+		return `{"messages":[{"role":"user","content":` + content + `}],"max_tokens":77}`
+	}
+	short := chat(`"hello"`)
+	longText := chat(`"` + strings.Repeat("a long document. ", 20000/17) + `"`)
+	// 24,000 bytes of base64 image: 6,000 tokens by the Content-Length, a few by the text.
+	image := chat(`[{"type":"image_url","image_url":{"url":"data:image/png;base64,` + strings.Repeat("QUJD", 6000) +
+		`"}},{"type":"text","text":"What is in this picture?"}]`)
+	for _, v := range []struct {
+		name      string
+		metric    string
+		readBody  int
+		body      string
+		chunked   bool
+		wantRead  bool
+		wantLarge bool // the request must go to the large worker
+	}{
+		{name: "default, short", body: short},
+		{name: "default, chunked", body: short, chunked: true, wantRead: true},
+		{name: "default, long by its Content-Length and its text", body: longText, wantRead: true, wantLarge: true},
+		{name: "default, long by its Content-Length, short by its text", body: image, wantRead: true},
+		{name: "metric cost, short", metric: "cost", body: short, wantRead: true},
+		{name: "metric auto, short", metric: "auto", body: short},
+		{name: "default, read_body off, chunked", readBody: -1, body: short, chunked: true},
+		{name: "default, read_body 1KiB, short", readBody: 1 << 10, body: short, wantRead: true},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			p := &Policy{Metric: v.metric, ReadBody: v.readBody}
+			pool := UpstreamsForTest(2)
+			err := ProvisionWithReports(p, pool, func(i int) *loadpolicy.Report {
+				rank := loadpolicy.Rank{Running: 2, MaxTotalTokens: []int64{4096, 65536}[i], MaxRunning: 64, GenThroughput: 400,
+					Fields: loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldMaxTotalTokens |
+						loadpolicy.FieldMaxRunning | loadpolicy.FieldGenThroughput}
+				return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{rank})
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 20 { // each pick is drawn; twenty draws make a wrong one show
+				body := &watchedBody{Reader: strings.NewReader(v.body)}
+				req := httptest.NewRequest("POST", "/v1/chat/completions", body)
+				req.ContentLength = int64(len(v.body))
+				if v.chunked {
+					req.ContentLength = -1
+				}
+				u := p.Select(pool, req, nil)
+				if u == nil {
+					t.Fatal("no upstream selected")
+				}
+				if read := body.reads > 0; read != v.wantRead {
+					t.Fatalf("body read: %v, want %v", read, v.wantRead)
+				}
+				if v.wantLarge && u != pool[1] {
+					t.Fatalf("sent to %s, want the large worker %s", u.Dial, pool[1].Dial)
+				}
+				if got, err := io.ReadAll(req.Body); err != nil || string(got) != v.body {
+					t.Fatalf("the upstream would read %d bytes (%v), want the %d sent", len(got), err, len(v.body))
+				}
+			}
+			var sent loadpolicy.SentTotals
+			for _, ep := range *p.endpoints.Load() {
+				var t loadpolicy.SentTotals
+				ep.sentTotals(&t)
+				sent.Requests, sent.OutputTokens = sent.Requests+t.Requests, sent.OutputTokens+t.OutputTokens
+			}
+			wantOutput := int64(defaultMaxTokens)
+			if v.wantRead {
+				wantOutput = 77
+			}
+			if p.metric.Cost() && sent.OutputTokens != 20*wantOutput {
+				t.Errorf("output tokens sent %d, want 20 × %d", sent.OutputTokens, wantOutput)
+			}
+		})
+	}
+}
+
+// Where a worker's refusal by the Content-Length makes the default policy read the body, every worker
+// is priced at the size the body says, not only those priced after the read: the large worker, priced
+// first and a little less loaded, wins the chat with an image that the small one would take too. (At
+// the Content-Length's 6,000 prompt tokens it would lose.)
+func TestDefaultPolicyPricesEveryWorkerAtTheBodysSize(t *testing.T) {
+	image := `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,` +
+		strings.Repeat("QUJD", 6000) + `"}},{"type":"text","text":"What is in this picture?"}]}],"max_tokens":77}`
+	// inflight_correction off: priced on the reports as they came, each pick sees the same fleet.
+	p := &Policy{InflightCorrection: new(false)}
+	pool := UpstreamsForTest(2)
+	err := ProvisionWithReports(p, pool, func(i int) *loadpolicy.Report {
+		rank := loadpolicy.Rank{Running: []int64{2, 3}[i], MaxTotalTokens: []int64{65536, 4096}[i], MaxRunning: 64, GenThroughput: 400,
+			Fields: loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldMaxTotalTokens |
+				loadpolicy.FieldMaxRunning | loadpolicy.FieldGenThroughput}
+		return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{rank})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		req := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(image))
+		if u := p.Select(pool, req, nil); u != pool[0] {
+			t.Fatalf("sent to %v, want the large, less loaded worker %s", u, pool[0].Dial)
+		}
+	}
+}
