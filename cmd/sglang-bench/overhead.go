@@ -27,7 +27,8 @@ func (o overheadOptions) chunks() int { return max(o.requests/o.chunk, 1) }
 
 // overheadPolicies are the configurations compared, the baseline (Caddy's least_conn) first: least_conn
 // again, a control whose ratio to the first is what the harness itself makes of two equal Caddys; the
-// default sglang_load; and its cost metric, which reads each request's body and prices every worker.
+// default sglang_load (the cost metric, reading no body); and the cost metric named, which reads each
+// request's body too.
 var overheadPolicies = []struct{ name, global, lb string }{
 	{"least_conn", "", "lb_policy least_conn"},
 	{"least_conn again", "", "lb_policy least_conn"},
