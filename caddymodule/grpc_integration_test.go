@@ -186,11 +186,15 @@ func callThroughCaddy(t *testing.T, n int) map[string]int {
 	return counts
 }
 
+// Routing on the load signals that gRPC polls bring follows the load as it moves. The signals, since
+// the calls proxied here are GetLoads calls, not generations: the cost metric prices each as a
+// generation of default_max_tokens until the next poll, and spreads them (33 to 40 of the 50 calls
+// after the move went to the idle worker).
 func TestGRPCWorkersRoutedByGRPCLoads(t *testing.T) {
 	busy, idle := newSimWorker(t, "busy", nil), newSimWorker(t, "idle", nil)
 	busy.load(t, 2)
 	tester := caddytest.NewTester(t)
-	tester.InitServer(grpcCaddyfile("interval 100ms", grpcProxy("choose least", busy, idle)), "caddyfile")
+	tester.InitServer(grpcCaddyfile("interval 100ms", grpcProxy("metric auto\n\t\t\tchoose least", busy, idle)), "caddyfile")
 	waitGRPCPolls(t, 2, busy, idle)
 
 	counts := callThroughCaddy(t, 100)

@@ -18,6 +18,7 @@ func replicaPolicies() []policy {
 		sglangLoad("sglang_load power_of_two 10s", 10*time.Second, "metric auto", "choose power_of_two"),
 		sglangLoad("sglang_load power_of_two 1s", time.Second, "metric auto", "choose power_of_two"),
 		sglangLoad("sglang_load cost 10s", 10*time.Second, "metric cost"),
+		sglangLoad("sglang_load default 10s", 10*time.Second),
 	}
 }
 
