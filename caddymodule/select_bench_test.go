@@ -46,6 +46,7 @@ func benchSelectors(b *testing.B, pool reverseproxy.UpstreamPool) []namedSelecto
 		name   string
 		policy *caddymodule.Policy
 	}{
+		{"sglang_load_default", &caddymodule.Policy{}},
 		{"sglang_load_power_of_two", &caddymodule.Policy{Metric: "auto", Choose: "power_of_two"}},
 		{"sglang_load_least", &caddymodule.Policy{Metric: "auto", Choose: "least"}},
 		{"sglang_load_cost_window", &caddymodule.Policy{Metric: "cost", Choose: "window"}},

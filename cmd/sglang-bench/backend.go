@@ -10,12 +10,14 @@ import (
 	"time"
 )
 
-// loadsJSON is a /v1/loads answer of one idle rank, stamped with the time so that every poll is fresh.
+// loadsJSON is a /v1/loads answer of one rank decoding one request, stamped with the time so that every
+// poll is fresh. Decoding, as a worker that answers requests is: the cost metric polls a worker that
+// reports none ten times as often while it sends it requests, until a poll catches it decoding.
 func loadsJSON(now time.Time) []byte {
 	return []byte(`{"timestamp":"` + now.UTC().Format(time.RFC3339Nano) + `","version":"0.5.0-bench",` +
-		`"loads":[{"dp_rank":0,"num_running_reqs":0,"num_waiting_reqs":0,"num_waiting_uncached_tokens":0,` +
+		`"loads":[{"dp_rank":0,"num_running_reqs":1,"num_waiting_reqs":0,"num_waiting_uncached_tokens":0,` +
 		`"num_used_tokens":0,"num_total_tokens":0,"max_total_num_tokens":65536,"max_running_requests":64,` +
-		`"token_usage":0.0,"gen_throughput":0.0,"cache_hit_rate":0.0,"utilization":0.0}]}`)
+		`"token_usage":0.0,"gen_throughput":50.0,"cache_hit_rate":0.0,"utilization":0.0}]}`)
 }
 
 // fastHandler answers /v1/loads with a fresh idle load and anything else with a small body: a backend
