@@ -102,6 +102,9 @@ func (p *Policy) readRequest(r *http.Request) *requestState {
 // hasBody reports whether r carries a body, of whatever length.
 func hasBody(r *http.Request) bool { return r.Body != nil && r.Body != http.NoBody }
 
+// unknownLength reports whether r carries a body whose length no Content-Length says (chunked).
+func unknownLength(r *http.Request) bool { return r.ContentLength < 0 && hasBody(r) }
+
 // keyBlocks is the most blocks a prefix key takes from a body of contentLength bytes (-1: unknown) of
 // which limit are read.
 func keyBlocks(contentLength int64, limit int) int {

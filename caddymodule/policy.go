@@ -485,7 +485,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		return p.selectByAffinity(pool, x, r, w)
 	case p.metric.Cost():
 		var st *requestState
-		read := p.sizesFromBody() || r.ContentLength < 0 && hasBody(r)
+		read := p.sizesFromBody() || unknownLength(r)
 		if read {
 			st = p.readRequest(r)
 		}
@@ -494,7 +494,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	var v poolView
 	v.init(p, pool, x)
 	v.prompt, v.r = p.unreadSize(r).PromptTokens, r
-	if r.ContentLength < 0 && hasBody(r) {
+	if unknownLength(r) {
 		v.prompt = loadpolicy.MaxRequestTokens // a chunked body's size is unknown: past any pool, until read
 	}
 	// When every available upstream refuses the prompt, the fallback sends it to one, whose refusal
