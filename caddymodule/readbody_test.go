@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
 	"github.com/caddy-sglang/caddy-sglang/loadpolicy"
 )
 
@@ -23,20 +25,40 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 
 func (*watchedBody) Close() error { return nil }
 
+// chatOf is a chat of one user message whose content is the JSON value content, max_tokens 77.
+func chatOf(content string) string {
+	return `{"messages":[{"role":"user","content":` + content + `}],"max_tokens":77}`
+}
+
+// imageChat carries 24,000 bytes of base64 image: 6,000 tokens by the Content-Length, a few by the text.
+var imageChat = chatOf(`[{"type":"image_url","image_url":{"url":"data:image/png;base64,` + strings.Repeat("QUJD", 6000) +
+	`"}},{"type":"text","text":"What is in this picture?"}]`)
+
+// provisionTwo provisions p over two upstreams whose reports have running requests and pools of KV
+// tokens as given, upstream by upstream, and returns the pool.
+func provisionTwo(t *testing.T, p *Policy, running, pools [2]int64) reverseproxy.UpstreamPool {
+	t.Helper()
+	pool := UpstreamsForTest(2)
+	err := ProvisionWithReports(p, pool, func(i int) *loadpolicy.Report {
+		rank := loadpolicy.Rank{Running: running[i], MaxTotalTokens: pools[i], MaxRunning: 64, GenThroughput: 400,
+			Fields: loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldMaxTotalTokens |
+				loadpolicy.FieldMaxRunning | loadpolicy.FieldGenThroughput}
+		return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{rank})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
 // The default policy (the cost metric, metric and affinity unset) reads a body only where the signal
 // metrics do: when the Content-Length says a worker would refuse the prompt, or the body is chunked.
 // Otherwise it prices the prompt by the Content-Length and the answer at default_max_tokens. Named,
 // the cost metric reads every body; read_body off reads none. The small worker takes prompts of up to
 // 4,090 tokens, the large one 65,530.
 func TestDefaultPolicyReadsTheBodyOnlyWhereAWorkerWouldRefuse(t *testing.T) {
-	chat := func(content string) string {
-		return `{"messages":[{"role":"user","content":` + content + `}],"max_tokens":77}`
-	}
-	short := chat(`"hello"`)
-	longText := chat(`"` + strings.Repeat("a long document. ", 20000/17) + `"`)
-	// 24,000 bytes of base64 image: 6,000 tokens by the Content-Length, a few by the text.
-	image := chat(`[{"type":"image_url","image_url":{"url":"data:image/png;base64,` + strings.Repeat("QUJD", 6000) +
-		`"}},{"type":"text","text":"What is in this picture?"}]`)
+	short := chatOf(`"hello"`)
+	longText := chatOf(`"` + strings.Repeat("a long document. ", 20000/17) + `"`)
 	for _, v := range []struct {
 		name      string
 		metric    string
@@ -49,7 +71,7 @@ func TestDefaultPolicyReadsTheBodyOnlyWhereAWorkerWouldRefuse(t *testing.T) {
 		{name: "default, short", body: short},
 		{name: "default, chunked", body: short, chunked: true, wantRead: true},
 		{name: "default, long by its Content-Length and its text", body: longText, wantRead: true, wantLarge: true},
-		{name: "default, long by its Content-Length, short by its text", body: image, wantRead: true},
+		{name: "default, long by its Content-Length, short by its text", body: imageChat, wantRead: true},
 		{name: "metric cost, short", metric: "cost", body: short, wantRead: true},
 		{name: "metric auto, short", metric: "auto", body: short},
 		{name: "default, read_body off, chunked", readBody: -1, body: short, chunked: true},
@@ -57,16 +79,7 @@ func TestDefaultPolicyReadsTheBodyOnlyWhereAWorkerWouldRefuse(t *testing.T) {
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			p := &Policy{Metric: v.metric, ReadBody: v.readBody}
-			pool := UpstreamsForTest(2)
-			err := ProvisionWithReports(p, pool, func(i int) *loadpolicy.Report {
-				rank := loadpolicy.Rank{Running: 2, MaxTotalTokens: []int64{4096, 65536}[i], MaxRunning: 64, GenThroughput: 400,
-					Fields: loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldMaxTotalTokens |
-						loadpolicy.FieldMaxRunning | loadpolicy.FieldGenThroughput}
-				return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{rank})
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
+			pool := provisionTwo(t, p, [2]int64{2, 2}, [2]int64{4096, 65536})
 			for range 20 { // each pick is drawn; twenty draws make a wrong one show
 				body := &watchedBody{Reader: strings.NewReader(v.body)}
 				req := httptest.NewRequest("POST", "/v1/chat/completions", body)
@@ -90,9 +103,9 @@ func TestDefaultPolicyReadsTheBodyOnlyWhereAWorkerWouldRefuse(t *testing.T) {
 			}
 			var sent loadpolicy.SentTotals
 			for _, ep := range *p.endpoints.Load() {
-				var t loadpolicy.SentTotals
-				ep.sentTotals(&t)
-				sent.Requests, sent.OutputTokens = sent.Requests+t.Requests, sent.OutputTokens+t.OutputTokens
+				var totals loadpolicy.SentTotals
+				ep.sentTotals(&totals)
+				sent.Requests, sent.OutputTokens = sent.Requests+totals.Requests, sent.OutputTokens+totals.OutputTokens
 			}
 			wantOutput := int64(defaultMaxTokens)
 			if v.wantRead {
@@ -110,22 +123,11 @@ func TestDefaultPolicyReadsTheBodyOnlyWhereAWorkerWouldRefuse(t *testing.T) {
 // first and a little less loaded, wins the chat with an image that the small one would take too. (At
 // the Content-Length's 6,000 prompt tokens it would lose.)
 func TestDefaultPolicyPricesEveryWorkerAtTheBodysSize(t *testing.T) {
-	image := `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,` +
-		strings.Repeat("QUJD", 6000) + `"}},{"type":"text","text":"What is in this picture?"}]}],"max_tokens":77}`
 	// inflight_correction off: priced on the reports as they came, each pick sees the same fleet.
 	p := &Policy{InflightCorrection: new(false)}
-	pool := UpstreamsForTest(2)
-	err := ProvisionWithReports(p, pool, func(i int) *loadpolicy.Report {
-		rank := loadpolicy.Rank{Running: []int64{2, 3}[i], MaxTotalTokens: []int64{65536, 4096}[i], MaxRunning: 64, GenThroughput: 400,
-			Fields: loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldMaxTotalTokens |
-				loadpolicy.FieldMaxRunning | loadpolicy.FieldGenThroughput}
-		return loadpolicy.NewReport(time.Now(), "", []loadpolicy.Rank{rank})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := provisionTwo(t, p, [2]int64{2, 3}, [2]int64{65536, 4096})
 	for range 20 {
-		req := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(image))
+		req := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(imageChat))
 		if u := p.Select(pool, req, nil); u != pool[0] {
 			t.Fatalf("sent to %v, want the large, less loaded worker %s", u, pool[0].Dial)
 		}
