@@ -20,7 +20,7 @@ func loadsJSON(now time.Time) []byte {
 		`"token_usage":0.0,"gen_throughput":50.0,"cache_hit_rate":0.0,"utilization":0.0}]}`)
 }
 
-// fastHandler answers /v1/loads with a fresh idle load and anything else with a small body: a backend
+// fastHandler answers /v1/loads with a fresh load (loadsJSON) and anything else with a small body: a backend
 // so fast that a benchmark through the proxy measures the proxy.
 func fastHandler() http.Handler {
 	body := []byte(`{"ok":true}`)
