@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"math/rand/v2"
 	"net/http"
+	"path"
+	"strings"
 	"sync"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -104,6 +106,32 @@ func hasBody(r *http.Request) bool { return r.Body != nil && r.Body != http.NoBo
 
 // unknownLength reports whether r carries a body whose length no Content-Length says (chunked).
 func unknownLength(r *http.Request) bool { return r.ContentLength < 0 && hasBody(r) }
+
+// asksWork reports whether r asks a worker for work the cost model prices: a POST with a body, or, over
+// gRPC, a call to SGLang's scheduler that generates or embeds. A model list, a health check or a
+// GetLoads call finishes at once; priced as a generation of default_max_tokens, each held its worker
+// busy in the model until the next poll.
+func asksWork(r *http.Request) bool {
+	if r.Method != http.MethodPost || !hasBody(r) || r.ContentLength == 0 {
+		return false
+	}
+	if r.ProtoMajor != 2 || !strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+		return true
+	}
+	service, method := path.Split(r.URL.Path)
+	switch {
+	case strings.HasSuffix(service, ".SglangScheduler/"):
+		return method == "Generate" || method == "Embed"
+	case service == "/grpc.health.v1.Health/":
+		return false
+	}
+	return true // another service's call, whose work is not known
+}
+
+// noWork is the size of a request that asks no work (see asksWork): priced as a one-token answer, the
+// wait on each worker, and counted in no totals. A request that asks work is never of this size: its
+// output is max_tokens or default_max_tokens, both at least 1.
+var noWork loadpolicy.Request
 
 // keyBlocks is the most blocks a prefix key takes from a body of contentLength bytes (-1: unknown) of
 // which limit are read.
@@ -384,7 +412,7 @@ func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, x *poolIndex, size
 	if p.affinityIndex != nil {
 		metrics.affinityOutcomes[affinity.NoKey].Inc(r)
 	}
-	if ep := v.endpoint(idx); ep != nil {
+	if ep := v.endpoint(idx); ep != nil && v.size != noWork {
 		ep.placed(v.size, 0)
 	}
 	p.sizes.gather(v.now.UnixMilli(), v.eps)

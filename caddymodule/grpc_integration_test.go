@@ -186,10 +186,10 @@ func callThroughCaddy(t *testing.T, n int) map[string]int {
 	return counts
 }
 
-// Routing on the load signals that gRPC polls bring follows the load as it moves. The signals, since
-// the calls proxied here are GetLoads calls, not generations: the cost metric prices each as a
-// generation of default_max_tokens until the next poll, and spreads them (33 to 40 of the 50 calls
-// after the move went to the idle worker).
+// Routing on the load signals that gRPC polls bring follows the load as it moves. The signals: these
+// workers decode at a thousandth of a token a second, which their reports' gen_throughput rounds to 0
+// or 2, so the cost metric, which prices by the speeds measured, may find the worker that was busy the
+// slower one after the move, and rightly by what it was told.
 func TestGRPCWorkersRoutedByGRPCLoads(t *testing.T) {
 	busy, idle := newSimWorker(t, "busy", nil), newSimWorker(t, "idle", nil)
 	busy.load(t, 2)

@@ -481,6 +481,8 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		x.noteHosts()
 	}
 	switch {
+	case (p.affinityIndex != nil || p.metric.Cost()) && !asksWork(r):
+		return p.selectByCost(pool, x, noWork, true, r, w)
 	case p.affinityIndex != nil:
 		return p.selectByAffinity(pool, x, r, w)
 	case p.metric.Cost():

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -49,6 +50,17 @@ func provisionTwo(t *testing.T, p *Policy, running, pools [2]int64) reverseproxy
 		t.Fatal(err)
 	}
 	return pool
+}
+
+// sentTotals sums the requests that p's cost model counted as sent to its upstreams, and their
+// output tokens.
+func sentTotals(p *Policy) (sent loadpolicy.SentTotals) {
+	for _, ep := range *p.endpoints.Load() {
+		var totals loadpolicy.SentTotals
+		ep.sentTotals(&totals)
+		sent.Requests, sent.OutputTokens = sent.Requests+totals.Requests, sent.OutputTokens+totals.OutputTokens
+	}
+	return sent
 }
 
 // The default policy (the cost metric, metric and affinity unset) reads a body only where the signal
@@ -101,12 +113,7 @@ func TestDefaultPolicyReadsTheBodyOnlyWhereAWorkerWouldRefuse(t *testing.T) {
 					t.Fatalf("the upstream would read %d bytes (%v), want the %d sent", len(got), err, len(v.body))
 				}
 			}
-			var sent loadpolicy.SentTotals
-			for _, ep := range *p.endpoints.Load() {
-				var totals loadpolicy.SentTotals
-				ep.sentTotals(&totals)
-				sent.Requests, sent.OutputTokens = sent.Requests+totals.Requests, sent.OutputTokens+totals.OutputTokens
-			}
+			sent := sentTotals(p)
 			wantOutput := int64(defaultMaxTokens)
 			if v.wantRead {
 				wantOutput = 77
@@ -130,6 +137,63 @@ func TestDefaultPolicyPricesEveryWorkerAtTheBodysSize(t *testing.T) {
 		req := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(imageChat))
 		if u := p.Select(pool, req, nil); u != pool[0] {
 			t.Fatalf("sent to %v, want the large, less loaded worker %s", u, pool[0].Dial)
+		}
+	}
+}
+
+// A request that asks no work of a worker (a GET, a POST without a body, a gRPC call to the scheduler
+// other than Generate and Embed, a gRPC health check) is priced as a one-token answer, so it goes where
+// the wait is least, and the cost model counts it nowhere; its body is not read. Every other request is
+// counted as sent.
+func TestRequestsThatAskNoWorkAreNotCounted(t *testing.T) {
+	grpcCall := func(method string) *http.Request {
+		req := httptest.NewRequest("POST", method, &watchedBody{Reader: strings.NewReader("\x00\x00\x00\x00\x02\x12\x00")})
+		req.Proto, req.ProtoMajor, req.ProtoMinor = "HTTP/2.0", 2, 0
+		req.Header.Set("Content-Type", "application/grpc")
+		req.ContentLength = -1
+		return req
+	}
+	for _, v := range []struct {
+		name     string
+		request  func() *http.Request
+		asksWork bool
+	}{
+		{"GET /v1/models", func() *http.Request { return httptest.NewRequest("GET", "/v1/models", nil) }, false},
+		{"HEAD /health", func() *http.Request { return httptest.NewRequest("HEAD", "/health", nil) }, false},
+		{"POST /flush_cache without a body", func() *http.Request { return httptest.NewRequest("POST", "/flush_cache", nil) }, false},
+		{"gRPC GetLoads", func() *http.Request { return grpcCall("/sglang.grpc.scheduler.SglangScheduler/GetLoads") }, false},
+		{"gRPC HealthCheck", func() *http.Request { return grpcCall("/sglang.grpc.scheduler.SglangScheduler/HealthCheck") }, false},
+		{"gRPC health service", func() *http.Request { return grpcCall("/grpc.health.v1.Health/Check") }, false},
+		{"gRPC Generate", func() *http.Request { return grpcCall("/sglang.grpc.scheduler.SglangScheduler/Generate") }, true},
+		{"gRPC Embed", func() *http.Request { return grpcCall("/sglang.grpc.scheduler.SglangScheduler/Embed") }, true},
+		{"gRPC of another service", func() *http.Request { return grpcCall("/example.Inference/Run") }, true},
+		{"POST a chat", func() *http.Request {
+			return httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(chatOf(`"hello"`)))
+		}, true},
+	} {
+		for _, policy := range []struct{ name, metric, affinity string }{
+			{name: "default"}, {name: "metric cost", metric: "cost"}, {name: "affinity prefix", affinity: affinityPrefix},
+		} {
+			t.Run(v.name+", "+policy.name, func(t *testing.T) {
+				p := &Policy{Metric: policy.metric, Affinity: policy.affinity}
+				pool := provisionTwo(t, p, [2]int64{8, 0}, [2]int64{65536, 65536})
+				for range 20 { // the fallback would draw between two upstreams with none in flight
+					req := v.request()
+					if u := p.Select(pool, req, nil); u != pool[1] {
+						t.Fatalf("sent to %v, want the idle worker %s", u, pool[1].Dial)
+					}
+					if body, ok := req.Body.(*watchedBody); ok && !v.asksWork && body.reads > 0 {
+						t.Fatalf("body read %d times, want none", body.reads)
+					}
+				}
+				want := int64(0)
+				if v.asksWork {
+					want = 20
+				}
+				if got := sentTotals(p).Requests; got != want {
+					t.Errorf("requests counted as sent: %d, want %d", got, want)
+				}
+			})
 		}
 	}
 }
