@@ -57,7 +57,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&sglangAdmission, "sglang-admission", true, "quality, replicas, affinity: the simulated workers admit as SGLang does (KV allocated as decoded, admission on a guess of the output to come, retraction when it was wrong); -sglang-admission=false: each request reserves its prompt and whole max_tokens, as in the results files that do not name their admission")
 	fs.IntVar(&q.fleetPorts, "fleet-ports", 20000, "quality, replicas, affinity: the simulated workers listen on fixed loopback ports from this one on (a block per seed and arm, below the ephemeral range), so a rerun draws the same homes for the same prefixes; 0: any free ports")
 	fs.IntVar(&q.parallel, "parallel", 0, "seeds run at once; 0: quality and replicas up to 3, as many as keep the offered load (rate × policies × seeds) near 11 × 24 requests/s, affinity 1 (the policies of a seed always run at once)")
-	fs.StringVar(&q.only, "policies", "", "comma list of policy names to run (default: all of the mode)")
+	fs.StringVar(&q.only, "policies", "", "comma list of policy names to run (default: all of the mode but its studies); overhead: the studies to run besides its four rows")
 	instances := fs.String("instances", "1,3", "replicas, affinity: Caddy (or router) instance counts to compare, comma list")
 	var af affinityOptions
 	fs.StringVar(&af.workloads, "workloads", "shared-prefix,sessions,unique", "affinity: workloads, comma list (also: agents, chat, tools)")
@@ -165,6 +165,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "overhead":
 		ov.caddy, ov.out = q.caddy, q.out
 		ov.body = overheadBody(*bodyBytes)
+		if ov.policies, err = overheadRows(q.only); err != nil {
+			return err
+		}
 		return runOverhead(ctx, ov, stdout, stderr)
 	case "port":
 		port, err := freePort()

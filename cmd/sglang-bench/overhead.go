@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,23 +21,55 @@ type overheadOptions struct {
 	conns      int
 	chunk      int // requests per run; a round alternates runs until requests per policy are sent
 	body       string
+	policies   []overheadPolicy
 }
 
 // chunks is how many runs of chunk requests a round sends each policy.
 func (o overheadOptions) chunks() int { return max(o.requests/o.chunk, 1) }
 
+// overheadPolicy is a configuration compared: its global options and its lb_policy line. A study row
+// runs only when named (-policies).
+type overheadPolicy struct {
+	name, global, lb string
+	study            bool
+}
+
+// pollEverySecond is the global options of the sglang_load rows: loads polled every second.
+const pollEverySecond = "\tsglang_load {\n\t\tinterval 1s\n\t}\n"
+
 // overheadPolicies are the configurations compared, the baseline (Caddy's least_conn) first: least_conn
 // again, a control whose ratio to the first is what the harness itself makes of two equal Caddys; the
 // default sglang_load (the cost metric, reading no body); and the cost metric named, which reads each
-// request's body too.
-var overheadPolicies = []struct{ name, global, lb string }{
-	{"least_conn", "", "lb_policy least_conn"},
-	{"least_conn again", "", "lb_policy least_conn"},
-	{"sglang_load", "\tsglang_load {\n\t\tinterval 1s\n\t}\n", "lb_policy sglang_load"},
-	{"sglang_load metric cost", "\tsglang_load {\n\t\tinterval 1s\n\t}\n", "lb_policy sglang_load {\n\t\t\tmetric cost\n\t\t}"},
+// request's body too. The studies tell what placement alone does to Caddy's CPU (first sends every
+// request to one backend, random spreads them at random) from what the policy's code does.
+var overheadPolicies = []overheadPolicy{
+	{name: "least_conn", lb: "lb_policy least_conn"},
+	{name: "least_conn again", lb: "lb_policy least_conn"},
+	{name: "sglang_load", global: pollEverySecond, lb: "lb_policy sglang_load"},
+	{name: "sglang_load metric cost", global: pollEverySecond, lb: "lb_policy sglang_load {\n\t\t\tmetric cost\n\t\t}"},
+	{name: "first", lb: "lb_policy first", study: true},
+	{name: "random", lb: "lb_policy random", study: true},
+	{name: "sglang_load choose least", global: pollEverySecond, lb: "lb_policy sglang_load {\n\t\t\tchoose least\n\t\t}", study: true},
+	{name: "sglang_load metric auto", global: pollEverySecond, lb: "lb_policy sglang_load {\n\t\t\tmetric auto\n\t\t}", study: true},
 }
 
-// Positions in overheadPolicies: the control and the default sglang_load.
+// overheadRows are the rows that always run, then the studies named in only (comma list).
+func overheadRows(only string) ([]overheadPolicy, error) {
+	rows := slices.DeleteFunc(slices.Clone(overheadPolicies), func(p overheadPolicy) bool { return p.study })
+	if only == "" {
+		return rows, nil
+	}
+	for _, name := range strings.Split(only, ",") {
+		i := slices.IndexFunc(overheadPolicies, func(p overheadPolicy) bool { return p.name == strings.TrimSpace(name) })
+		if i < 0 || !overheadPolicies[i].study {
+			return nil, fmt.Errorf("-policies: %q is not a study row of the overhead mode", name)
+		}
+		rows = append(rows, overheadPolicies[i])
+	}
+	return rows, nil
+}
+
+// Positions in the rows: the control and the default sglang_load.
 const (
 	overheadControl = 1
 	overheadDefault = 2
@@ -70,7 +103,7 @@ func runOverhead(ctx context.Context, o overheadOptions, stdout, stderr io.Write
 	defer stop()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.conns, MaxConnsPerHost: o.conns}}
 	defer client.CloseIdleConnections()
-	n := len(overheadPolicies)
+	n := len(o.policies)
 	perReq := make([][]float64, n) // by policy, then round
 	ratios := make([][]float64, n) // to the baseline, by policy, then round
 	var rows strings.Builder
@@ -95,7 +128,7 @@ func runOverhead(ctx context.Context, o overheadOptions, stdout, stderr io.Write
 	var b strings.Builder
 	fmt.Fprintf(&b, "### Proxy overhead by CPU, %s\n\nMachine: %s.\n\n", time.Now().Format("2006-01-02"), machine())
 	names := make([]string, n)
-	for k, p := range overheadPolicies {
+	for k, p := range o.policies {
 		names[k] = "`" + p.name + "`"
 	}
 	fmt.Fprintf(&b, "Caddy processes (%s) with %s (sglang_load polling loads every 1s), "+
@@ -159,7 +192,7 @@ func overheadRound(ctx context.Context, o overheadOptions, addrs []string, round
 			return nil, err
 		}
 		if failed > 0 {
-			return nil, fmt.Errorf("%s round %d: %d of %d requests failed", overheadPolicies[k].name, round+1, failed, o.chunk)
+			return nil, fmt.Errorf("%s round %d: %d of %d requests failed", o.policies[k].name, round+1, failed, o.chunk)
 		}
 		cpu[k] += cpu1 - cpu0
 	}
@@ -170,7 +203,7 @@ func overheadRound(ctx context.Context, o overheadOptions, addrs []string, round
 // until the sglang_load ones have polled every backend and warms each up (connections opened on both
 // sides, code paths hot). procs[k] is policy k's.
 func startOverheadCaddys(ctx context.Context, o overheadOptions, addrs []string, round int, client *http.Client, stderr io.Writer) (procs []*caddyProc, err error) {
-	n := len(overheadPolicies)
+	n := len(o.policies)
 	procs = make([]*caddyProc, n)
 	defer func() {
 		if err != nil {
@@ -183,7 +216,7 @@ func startOverheadCaddys(ctx context.Context, o overheadOptions, addrs []string,
 	}()
 	for i := range n {
 		k := (i + round) % n
-		p := overheadPolicies[k]
+		p := o.policies[k]
 		procs[k], err = startCaddy(ctx, o.caddy, func(admin string, port int) string {
 			return fmt.Sprintf("{\n\tadmin %s\n\tauto_https off\n\tpersist_config off\n%s}\nhttp://127.0.0.1:%d {\n\treverse_proxy %s {\n\t\t%s\n\t}\n}\n",
 				admin, p.global, port, strings.Join(addrs, " "), p.lb)
@@ -192,7 +225,7 @@ func startOverheadCaddys(ctx context.Context, o overheadOptions, addrs []string,
 			return procs, err
 		}
 	}
-	for k, p := range overheadPolicies {
+	for k, p := range o.policies {
 		if p.global != "" {
 			if err := procs[k].waitFresh(ctx, len(addrs), 20*time.Second); err != nil {
 				return procs, err
@@ -201,7 +234,7 @@ func startOverheadCaddys(ctx context.Context, o overheadOptions, addrs []string,
 	}
 	for k, p := range procs {
 		if _, _, err := sendAtRate(ctx, client, p.SiteURL+"/v1/chat/completions", o.body, o.requests/10, o.rate, o.conns); err != nil {
-			return procs, fmt.Errorf("%s warm-up: %w", overheadPolicies[k].name, err)
+			return procs, fmt.Errorf("%s warm-up: %w", o.policies[k].name, err)
 		}
 	}
 	return procs, nil

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -144,5 +145,26 @@ func TestStudyRowsRunOnlyWhenNamed(t *testing.T) {
 	named, err := selectPolicies(all, "least_conn, "+studies[0])
 	if err != nil || len(named) != 2 || named[1].name != studies[0] {
 		t.Fatalf("naming least_conn and %q ran %d rows (%v)", studies[0], len(named), err)
+	}
+}
+
+// The overhead mode always runs its four rows, in the positions its report reads; -policies adds
+// studies after them, and names nothing else.
+func TestOverheadRowsAddNamedStudies(t *testing.T) {
+	rows, err := overheadRows("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 4 || rows[0].name != "least_conn" || rows[overheadControl].name != "least_conn again" || rows[overheadDefault].lb != "lb_policy sglang_load" {
+		t.Fatalf("rows by default: %v", rows)
+	}
+	rows, err = overheadRows("first, random")
+	if err != nil || len(rows) != 6 || rows[4].lb != "lb_policy first" || rows[5].lb != "lb_policy random" {
+		t.Fatalf("naming first and random: %v (%v)", rows, err)
+	}
+	for _, only := range []string{"least_conn", "no such row"} {
+		if _, err := overheadRows(only); err == nil || !strings.Contains(err.Error(), only) {
+			t.Errorf("-policies %q: error %v, want one naming it", only, err)
+		}
 	}
 }
