@@ -175,9 +175,11 @@ type scoreView struct {
 	Value               float64            `json:"value"`
 	RequestsSinceReport int64              `json:"requests_since_report"`
 	Signals             map[string]float64 `json:"signals"` // every offered signal, as Value
-	// CostSeconds is the cost metric's price, now, of a reference request (ReferenceRequest) with the
-	// default stand-in speeds; absent when the report lacks request counts.
+	// CostSeconds is the cost metric's price, now, of CostRequest with the default stand-in speeds;
+	// absent when the report lacks request counts.
 	CostSeconds *float64 `json:"cost_seconds,omitempty"`
+	// CostRequest is the request CostSeconds prices (referenceRequest); present with it.
+	CostRequest *requestView `json:"cost_request,omitempty"`
 	// PrefillTokensPerSec is the prefill speed measured from the worker's counters (between two reports, else
 	// over its life); absent when not measured.
 	PrefillTokensPerSec *float64 `json:"prefill_tokens_per_sec,omitempty"`
@@ -197,6 +199,12 @@ type scoreView struct {
 
 // referenceRequest is the request the admin view prices: 512 prompt tokens, 256 output tokens.
 var referenceRequest = loadpolicy.Request{PromptTokens: 512, OutputTokens: defaultMaxTokens}
+
+// requestView is a request's size: its prompt, and the most output it asks for.
+type requestView struct {
+	PromptTokens int64 `json:"prompt_tokens"`
+	MaxTokens    int64 `json:"max_tokens"`
+}
 
 // workers returns the view of every endpoint, ordered by endpoint key.
 func (a *App) workers(now time.Time) []workerView {
@@ -271,6 +279,7 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 			pc := loadpolicy.Candidate{Inflight: v.Inflight}
 			if ep.priced(fresh, &pc, now, referenceRequest, 0, &params, false); pc.Priced() {
 				v.Score.CostSeconds = &pc.Cost
+				v.Score.CostRequest = &requestView{referenceRequest.PromptTokens, referenceRequest.OutputTokens}
 			}
 			if speed, ok := fresh.PrefillTokensPerSec(); ok {
 				v.Score.PrefillTokensPerSec = &speed

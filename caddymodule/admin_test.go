@@ -56,9 +56,13 @@ type worker struct {
 		Value       float64            `json:"value"`
 		Signals     map[string]float64 `json:"signals"`
 		CostSeconds *float64           `json:"cost_seconds"`
-		Prefill     *float64           `json:"prefill_tokens_per_sec"`
-		DecodeAlone *float64           `json:"decode_alone_tokens_per_sec"`
-		Senders     *float64           `json:"senders"`
+		CostRequest *struct {
+			PromptTokens int64 `json:"prompt_tokens"`
+			MaxTokens    int64 `json:"max_tokens"`
+		} `json:"cost_request"`
+		Prefill     *float64 `json:"prefill_tokens_per_sec"`
+		DecodeAlone *float64 `json:"decode_alone_tokens_per_sec"`
+		Senders     *float64 `json:"senders"`
 	} `json:"score"`
 	AffinityBlocks   *int64 `json:"affinity_blocks"`
 	AffinityHomeKeys *int64 `json:"affinity_home_keys"`
@@ -193,6 +197,9 @@ func TestAdminListsEveryWorker(t *testing.T) {
 		}
 		if v.Score != nil && (v.Score.CostSeconds == nil || !(*v.Score.CostSeconds > 0)) {
 			t.Errorf("%s: cost_seconds %v, want a price > 0", tc.w.name, ptr(v.Score.CostSeconds))
+		}
+		if v.Score != nil && (v.Score.CostRequest == nil || v.Score.CostRequest.PromptTokens != 512 || v.Score.CostRequest.MaxTokens != 256) {
+			t.Errorf("%s: cost_request %+v, want the reference request of 512 prompt and 256 output tokens", tc.w.name, v.Score.CostRequest)
 		}
 		if v.Score != nil && v.Score.Senders != nil {
 			t.Errorf("%s: senders %v from a worker without prefill counters, want none", tc.w.name, *v.Score.Senders)

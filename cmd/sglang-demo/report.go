@@ -179,6 +179,10 @@ type workerView struct {
 		Signal      string   `json:"signal"`
 		Value       float64  `json:"value"`
 		CostSeconds *float64 `json:"cost_seconds"`
+		CostRequest *struct {
+			PromptTokens int64 `json:"prompt_tokens"`
+			MaxTokens    int64 `json:"max_tokens"`
+		} `json:"cost_request"`
 	} `json:"score"`
 	AffinityBlocks *int64 `json:"affinity_blocks"`
 }
@@ -253,7 +257,14 @@ func printAdmin(ctx context.Context, w io.Writer, client *http.Client, admin str
 				show(v.Inflight, "%d"), price, score, blocks, lastErr)
 		}
 		tw.Flush()
-		fmt.Fprintln(w, "  price: what a request of 512 prompt and 256 output tokens would take there now (the cost metric);")
+		request := "a reference request"
+		for _, v := range views {
+			if v.Score != nil && v.Score.CostRequest != nil {
+				request = fmt.Sprintf("a request of %d prompt and %d output tokens", v.Score.CostRequest.PromptTokens, v.Score.CostRequest.MaxTokens)
+				break
+			}
+		}
+		fmt.Fprintf(w, "  price: what %s would take there now (the cost metric);\n", request)
 		fmt.Fprintln(w, "  score: the most precise load signal the worker reports (the signal metrics); lower wins both")
 		if blocksCol != "" {
 			fmt.Fprintf(w, "  prompt blocks: the %d-token prompt blocks the affinity index remembers sending there\n", affinity.BlockTokens)
