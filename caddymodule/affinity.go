@@ -107,30 +107,66 @@ func hasBody(r *http.Request) bool { return r.Body != nil && r.Body != http.NoBo
 // unknownLength reports whether r carries a body whose length no Content-Length says (chunked).
 func unknownLength(r *http.Request) bool { return r.ContentLength < 0 && hasBody(r) }
 
-// asksWork reports whether r asks a worker for work the cost model prices: a POST with a body, or, over
-// gRPC, a call to SGLang's scheduler that generates or embeds. A model list, a health check or a
-// GetLoads call finishes at once; priced as a generation of default_max_tokens, each held its worker
-// busy in the model until the next poll.
-func asksWork(r *http.Request) bool {
+// work is what a request asks of a worker, as the cost model prices it.
+type work uint8
+
+const (
+	// workNone is answered without the model: a model list, a health check, a GetLoads call, tokenizing.
+	// Priced as a generation of default_max_tokens, each held its worker busy in the model until the
+	// next poll.
+	workNone work = iota
+	// workPrefill is a prompt read and answered without decoding: embeddings, scores, reranking,
+	// classification.
+	workPrefill
+	// workGenerate is a prompt prefilled and an answer decoded; what a request is when its path does
+	// not say otherwise.
+	workGenerate
+)
+
+// workOf is what r asks of a worker: no work unless it is a POST with a body; over gRPC (HTTP/2 with
+// a gRPC Content-Type), SGLang's scheduler generates for Generate, embeds for Embed and does no model
+// work for its other methods, nor does the gRPC health service.
+func workOf(r *http.Request) work {
 	if r.Method != http.MethodPost || !hasBody(r) || r.ContentLength == 0 {
-		return false
+		return workNone
 	}
-	if r.ProtoMajor != 2 || !strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
-		return true
+	if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+		service, method := path.Split(r.URL.Path)
+		switch {
+		case strings.HasSuffix(service, ".SglangScheduler/"):
+			switch method {
+			case "Generate":
+				return workGenerate
+			case "Embed":
+				return workPrefill
+			}
+			return workNone
+		case service == "/grpc.health.v1.Health/":
+			return workNone
+		}
+		return workGenerate // another service's call, whose work is not known
 	}
-	service, method := path.Split(r.URL.Path)
-	switch {
-	case strings.HasSuffix(service, ".SglangScheduler/"):
-		return method == "Generate" || method == "Embed"
-	case service == "/grpc.health.v1.Health/":
-		return false
+	if affinity.ShapeOf(r.URL.Path) != affinity.ShapeNone {
+		return workGenerate
 	}
-	return true // another service's call, whose work is not known
+	for _, p := range prefillPaths {
+		if strings.HasSuffix(r.URL.Path, p) {
+			return workPrefill
+		}
+	}
+	if strings.HasSuffix(r.URL.Path, "/tokenize") || strings.HasSuffix(r.URL.Path, "/detokenize") {
+		return workNone
+	}
+	return workGenerate
 }
 
-// noWork is the size of a request that asks no work (see asksWork): priced as a one-token answer, the
-// wait on each worker, and counted in no totals. A request that asks work is never of this size: its
-// output is max_tokens or default_max_tokens, both at least 1.
+// prefillPaths end the paths of SGLang's APIs that read a prompt and decode nothing (/classify also
+// ends /v1/classify).
+var prefillPaths = [...]string{"/v1/embeddings", "/encode", "/v1/rerank", "/v1/score", "/classify"}
+
+// noWork is the size of a request that asks no work (workNone): priced as a one-token answer, the wait
+// on each worker, and counted in no totals. A request that asks work is never of this size: it
+// decodes at least a token (max_tokens or default_max_tokens), or prefills at least one.
 var noWork loadpolicy.Request
 
 // keyBlocks is the most blocks a prefix key takes from a body of contentLength bytes (-1: unknown) of
@@ -144,9 +180,14 @@ func keyBlocks(contentLength int64, limit int) int {
 }
 
 // unreadSize is r's size where its body is not read: the prompt from Content-Length, the output from
-// default_max_tokens; Bounded, as every size the policy takes from a request.
+// default_max_tokens, or none for a request that decodes nothing (workPrefill, whose prompt is at least
+// a token); Bounded, as every size the policy takes from a request.
 func (p *Policy) unreadSize(r *http.Request) loadpolicy.Request {
-	return loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}.Bounded()
+	size := loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
+	if workOf(r) == workPrefill {
+		size = loadpolicy.Request{PromptTokens: max(size.PromptTokens, 1)}
+	}
+	return size.Bounded()
 }
 
 // sizeOf is the size of the request st was read from, r.

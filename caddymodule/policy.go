@@ -79,7 +79,8 @@ type Policy struct {
 	Choose string `json:"choose,omitempty"`
 
 	// Output tokens the cost metric assumes for a request that does not say (max_tokens,
-	// max_completion_tokens or sampling_params.max_new_tokens). Default: 256.
+	// max_completion_tokens or sampling_params.max_new_tokens); none for one that decodes nothing,
+	// such as an embedding. Default: 256.
 	DefaultMaxTokens int64 `json:"default_max_tokens,omitempty"`
 
 	// Prefill speed, in prompt tokens/s per worker, that the cost metric assumes for a worker whose
@@ -481,7 +482,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		x.noteHosts()
 	}
 	switch {
-	case (p.affinityIndex != nil || p.metric.Cost()) && !asksWork(r):
+	case (p.affinityIndex != nil || p.metric.Cost()) && workOf(r) == workNone:
 		return p.selectByCost(pool, x, noWork, true, r, w)
 	case p.affinityIndex != nil:
 		return p.selectByAffinity(pool, x, r, w)

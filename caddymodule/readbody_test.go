@@ -141,11 +141,13 @@ func TestDefaultPolicyPricesEveryWorkerAtTheBodysSize(t *testing.T) {
 	}
 }
 
-// A request that asks no work of a worker (a GET, a POST without a body, a gRPC call to the scheduler
-// other than Generate and Embed, a gRPC health check) is priced as a one-token answer, so it goes where
-// the wait is least, and the cost model counts it nowhere; its body is not read. Every other request is
-// counted as sent.
-func TestRequestsThatAskNoWorkAreNotCounted(t *testing.T) {
+// The cost model prices a request by the work it asks (workOf). One that asks none (a GET, a POST
+// without a body, tokenizing, a gRPC call to the scheduler other than Generate and Embed, a gRPC
+// health check) is priced as a one-token answer, so it goes where the wait is least, and is counted
+// nowhere; its body is not read. One that reads a prompt and decodes nothing (embeddings, scores,
+// reranking, classification, gRPC Embed) is counted with no output tokens; any other with
+// default_max_tokens, or the max_tokens its body says where it is read.
+func TestRequestsArePricedByTheWorkTheyAsk(t *testing.T) {
 	grpcCall := func(method string) *http.Request {
 		req := httptest.NewRequest("POST", method, &watchedBody{Reader: strings.NewReader("\x00\x00\x00\x00\x02\x12\x00")})
 		req.Proto, req.ProtoMajor, req.ProtoMinor = "HTTP/2.0", 2, 0
@@ -153,23 +155,31 @@ func TestRequestsThatAskNoWorkAreNotCounted(t *testing.T) {
 		req.ContentLength = -1
 		return req
 	}
+	post := func(path, body string) func() *http.Request {
+		return func() *http.Request { return httptest.NewRequest("POST", path, strings.NewReader(body)) }
+	}
+	const embedding = `{"model":"m","input":"a sentence to embed"}`
 	for _, v := range []struct {
-		name     string
-		request  func() *http.Request
-		asksWork bool
+		name    string
+		request func() *http.Request
+		work    work
 	}{
-		{"GET /v1/models", func() *http.Request { return httptest.NewRequest("GET", "/v1/models", nil) }, false},
-		{"HEAD /health", func() *http.Request { return httptest.NewRequest("HEAD", "/health", nil) }, false},
-		{"POST /flush_cache without a body", func() *http.Request { return httptest.NewRequest("POST", "/flush_cache", nil) }, false},
-		{"gRPC GetLoads", func() *http.Request { return grpcCall("/sglang.grpc.scheduler.SglangScheduler/GetLoads") }, false},
-		{"gRPC HealthCheck", func() *http.Request { return grpcCall("/sglang.grpc.scheduler.SglangScheduler/HealthCheck") }, false},
-		{"gRPC health service", func() *http.Request { return grpcCall("/grpc.health.v1.Health/Check") }, false},
-		{"gRPC Generate", func() *http.Request { return grpcCall("/sglang.grpc.scheduler.SglangScheduler/Generate") }, true},
-		{"gRPC Embed", func() *http.Request { return grpcCall("/sglang.grpc.scheduler.SglangScheduler/Embed") }, true},
-		{"gRPC of another service", func() *http.Request { return grpcCall("/example.Inference/Run") }, true},
-		{"POST a chat", func() *http.Request {
-			return httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(chatOf(`"hello"`)))
-		}, true},
+		{"GET /v1/models", func() *http.Request { return httptest.NewRequest("GET", "/v1/models", nil) }, workNone},
+		{"HEAD /health", func() *http.Request { return httptest.NewRequest("HEAD", "/health", nil) }, workNone},
+		{"POST /flush_cache without a body", func() *http.Request { return httptest.NewRequest("POST", "/flush_cache", nil) }, workNone},
+		{"POST /tokenize", post("/tokenize", `{"prompt":"hello"}`), workNone},
+		{"gRPC GetLoads", func() *http.Request { return grpcCall("/sglang.grpc.scheduler.SglangScheduler/GetLoads") }, workNone},
+		{"gRPC HealthCheck", func() *http.Request { return grpcCall("/sglang.grpc.scheduler.SglangScheduler/HealthCheck") }, workNone},
+		{"gRPC health service", func() *http.Request { return grpcCall("/grpc.health.v1.Health/Check") }, workNone},
+		{"POST /v1/embeddings", post("/v1/embeddings", embedding), workPrefill},
+		{"POST /encode", post("/encode", `{"text":"a sentence to embed"}`), workPrefill},
+		{"POST /v1/rerank", post("/v1/rerank", `{"query":"q","documents":["a","b"]}`), workPrefill},
+		{"POST /v1/embeddings, one byte", post("/v1/embeddings", "x"), workPrefill},
+		{"gRPC Embed", func() *http.Request { return grpcCall("/sglang.grpc.scheduler.SglangScheduler/Embed") }, workPrefill},
+		{"gRPC Generate", func() *http.Request { return grpcCall("/sglang.grpc.scheduler.SglangScheduler/Generate") }, workGenerate},
+		{"gRPC of another service", func() *http.Request { return grpcCall("/example.Inference/Run") }, workGenerate},
+		{"POST a chat", post("/v1/chat/completions", chatOf(`"hello"`)), workGenerate},
+		{"POST to a path of no known API", post("/v2/ask", `{"q":"hello"}`), workGenerate},
 	} {
 		for _, policy := range []struct{ name, metric, affinity string }{
 			{name: "default"}, {name: "metric cost", metric: "cost"}, {name: "affinity prefix", affinity: affinityPrefix},
@@ -182,16 +192,20 @@ func TestRequestsThatAskNoWorkAreNotCounted(t *testing.T) {
 					if u := p.Select(pool, req, nil); u != pool[1] {
 						t.Fatalf("sent to %v, want the idle worker %s", u, pool[1].Dial)
 					}
-					if body, ok := req.Body.(*watchedBody); ok && !v.asksWork && body.reads > 0 {
+					if body, ok := req.Body.(*watchedBody); ok && v.work == workNone && body.reads > 0 {
 						t.Fatalf("body read %d times, want none", body.reads)
 					}
 				}
-				want := int64(0)
-				if v.asksWork {
-					want = 20
+				sent := sentTotals(p)
+				wantRequests := int64(20)
+				if v.work == workNone {
+					wantRequests = 0
 				}
-				if got := sentTotals(p).Requests; got != want {
-					t.Errorf("requests counted as sent: %d, want %d", got, want)
+				if sent.Requests != wantRequests {
+					t.Errorf("requests counted as sent: %d, want %d", sent.Requests, wantRequests)
+				}
+				if decodes := sent.OutputTokens > 0; v.work != workNone && decodes != (v.work == workGenerate) {
+					t.Errorf("output tokens counted: %d; the request decodes: %v", sent.OutputTokens, v.work == workGenerate)
 				}
 			})
 		}
