@@ -257,9 +257,10 @@ func (ep *endpoint) placed(req loadpolicy.Request, cached int64) (held bool) {
 	ep.sentWeighted.Add(d.Weighted)
 	ep.sentUncached.Add(d.Uncached)
 	ep.sentUncachedSq.Add(d.Uncached * d.Uncached)
-	if rep != nil && !rep.Measured() {
+	if rep != nil && !rep.Measured(req.OutputTokens > 0) {
 		// Priced at the stand-ins, a slow worker can look as fast as the fastest until a poll measures
 		// the requests now sent to it: at the next interval, that is up to an interval of mispricing.
+		// A worker that only embeds is never caught decoding: its embeddings poke no poll for that.
 		select {
 		case ep.poke <- struct{}{}:
 		default:

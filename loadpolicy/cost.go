@@ -418,13 +418,14 @@ func (r *Report) PrefillPerRankTokensPerSec() (float64, bool) {
 // Priced reports whether the report carries what the cost model needs: running and waiting counts.
 func (r *Report) Priced() bool { return r != nil && r.work.has }
 
-// Measured reports whether the cost model prices the worker by speeds its own reports measured: its
-// decode speed alone once trustedReadings reports caught it decoding, its prefill speed once two
-// reports' counters differ by a prefill; a speed its reports do not carry counts as measured. Until
+// Measured reports whether the cost model prices the worker by speeds its own reports measured, for a
+// request that decodes or, with decodes false, one that only prefills: its decode speed alone once
+// trustedReadings reports caught it decoding, its prefill speed once two reports' counters differ by a
+// prefill; a speed its reports do not carry, or the request does not need, counts as measured. Until
 // then it is priced at the stand-ins, which may make a slow worker look as fast as the fastest.
-func (r *Report) Measured() bool {
+func (r *Report) Measured(decodes bool) bool {
 	w := &r.work
-	return (w.readings >= trustedReadings || !w.readsDecode) && (w.prefillOK || !w.readsPrefill)
+	return (!decodes || w.readings >= trustedReadings || !w.readsDecode) && (w.prefillOK || !w.readsPrefill)
 }
 
 // Cost is the time, in seconds, that req would take on the worker if placed there now: since says what

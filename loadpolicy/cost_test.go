@@ -370,7 +370,7 @@ func TestDecodeTrustedAfterReadings(t *testing.T) {
 }
 
 // A worker is measured once its decode speed is trusted and its prefill speed read from its counters;
-// a speed its reports do not carry never holds it back.
+// a speed its reports do not carry, or a request does not need, never holds it back.
 func TestMeasured(t *testing.T) {
 	follow := func(reps ...*Report) *Report {
 		var prev *Report
@@ -383,22 +383,27 @@ func TestMeasured(t *testing.T) {
 	}
 	countsOnly := Rank{Running: 1, Waiting: 0, Fields: FieldRunning | FieldWaiting}
 	decoding := worker(1, 0, 0, 1000, 10000, 8, 40)
+	embedding := func() []*Report { return []*Report{counters(0, 0, 0, 0, 0), counters(0, 0, 0, 2000, 500_000)} }
 	for _, tc := range []struct {
-		name string
-		rep  *Report
-		want bool
+		name        string
+		rep         *Report
+		want        bool
+		prefillOnly bool // for a request that decodes nothing
 	}{
-		{"counts only: nothing to measure", follow(NewReport(time.Time{}, "", []Rank{countsOnly})), true},
-		{"one decode reading", follow(NewReport(time.Time{}, "", []Rank{decoding})), false},
+		{"counts only: nothing to measure", follow(NewReport(time.Time{}, "", []Rank{countsOnly})), true, false},
+		{"one decode reading", follow(NewReport(time.Time{}, "", []Rank{decoding})), false, false},
 		{"three decode readings, no counters", follow(NewReport(time.Time{}, "", []Rank{decoding}),
-			NewReport(time.Time{}, "", []Rank{decoding}), NewReport(time.Time{}, "", []Rank{decoding})), true},
+			NewReport(time.Time{}, "", []Rank{decoding}), NewReport(time.Time{}, "", []Rank{decoding})), true, false},
 		{"three decode readings, counters that never moved", follow(counters(0, 1, 40, 0, 0), counters(0, 1, 40, 0, 0),
-			counters(0, 1, 40, 0, 0)), false},
+			counters(0, 1, 40, 0, 0)), false, false},
 		{"three decode readings, a prefill between counters", follow(counters(0, 1, 40, 0, 0), counters(0, 1, 40, 2000, 500_000),
-			counters(0, 1, 40, 2000, 500_000)), true},
-		{"a prefill, one decode reading", follow(counters(0, 0, 0, 0, 0), counters(0, 1, 40, 2000, 500_000)), false},
+			counters(0, 1, 40, 2000, 500_000)), true, false},
+		{"a prefill, one decode reading", follow(counters(0, 0, 0, 0, 0), counters(0, 1, 40, 2000, 500_000)), false, false},
+		{"embedding only, for a generation", follow(embedding()...), false, false},
+		{"embedding only, for an embedding", follow(embedding()...), true, true},
+		{"embedding only, counters that never moved, for an embedding", follow(counters(0, 0, 0, 0, 0), counters(0, 0, 0, 0, 0)), false, true},
 	} {
-		if got := tc.rep.Measured(); got != tc.want {
+		if got := tc.rep.Measured(!tc.prefillOnly); got != tc.want {
 			t.Errorf("%s: measured %v, want %v", tc.name, got, tc.want)
 		}
 	}
