@@ -19,6 +19,10 @@ func replicaPolicies() []policy {
 		sglangLoad("sglang_load power_of_two 1s", time.Second, "metric auto", "choose power_of_two"),
 		sglangLoad("sglang_load cost 10s", 10*time.Second, "metric cost"),
 		sglangLoad("sglang_load default 10s", 10*time.Second),
+		// Studies, run when named: the default with every unread answer assumed shorter, nearer this
+		// workload's mean answer (about 100 tokens) than default_max_tokens' 256.
+		study(sglangLoad("sglang_load default 10s max_tokens 128", 10*time.Second, "default_max_tokens 128")),
+		study(sglangLoad("sglang_load default 10s max_tokens 64", 10*time.Second, "default_max_tokens 64")),
 	}
 }
 
