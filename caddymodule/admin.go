@@ -180,6 +180,10 @@ type scoreView struct {
 	CostSeconds *float64 `json:"cost_seconds,omitempty"`
 	// CostRequest is the request CostSeconds prices (referenceRequest); present with it.
 	CostRequest *requestView `json:"cost_request,omitempty"`
+	// SentSinceReport is what the cost model counted as sent to the worker since the report, which its
+	// price adds to the report: requests that ask work, their prompt tokens and their output tokens.
+	// Zero under the signal metrics, which count nothing.
+	SentSinceReport sentView `json:"sent_since_report"`
 	// PrefillTokensPerSec is the prefill speed measured from the worker's counters (between two reports, else
 	// over its life); absent when not measured.
 	PrefillTokensPerSec *float64 `json:"prefill_tokens_per_sec,omitempty"`
@@ -199,6 +203,13 @@ type scoreView struct {
 
 // referenceRequest is the request the admin view prices: 512 prompt tokens, 256 output tokens.
 var referenceRequest = loadpolicy.Request{PromptTokens: 512, OutputTokens: defaultMaxTokens}
+
+// sentView is what was sent to a worker: requests and their tokens.
+type sentView struct {
+	Requests     int64 `json:"requests"`
+	PromptTokens int64 `json:"prompt_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
+}
 
 // requestView is a request's size: its prompt, and the most output it asks for.
 type requestView struct {
@@ -275,6 +286,11 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 					v.Score.Signals[s.String()] = c.Signals.Score(s, c.Extra+1)
 				}
 			}
+			var totals loadpolicy.SentTotals
+			var since loadpolicy.Since
+			ep.sentTotals(&totals)
+			totals.SetSince(&since, &fresh.Sent, 0, 0)
+			v.Score.SentSinceReport = sentView{since.Sent, since.SentPrompt, since.SentOutput}
 			params := defaultCostParams()
 			pc := loadpolicy.Candidate{Inflight: v.Inflight}
 			if ep.priced(fresh, &pc, now, referenceRequest, 0, &params, false); pc.Priced() {

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -35,7 +36,8 @@ type worker struct {
 	State            string   `json:"state"`
 	ReportAgeSeconds *float64 `json:"report_age_seconds"`
 	Report           *struct {
-		Totals struct {
+		Received time.Time `json:"received"`
+		Totals   struct {
 			Running    *int64   `json:"num_running_reqs"`
 			Waiting    *int64   `json:"num_waiting_reqs"`
 			TokenUsage *float64 `json:"token_usage"`
@@ -63,6 +65,11 @@ type worker struct {
 		Prefill     *float64 `json:"prefill_tokens_per_sec"`
 		DecodeAlone *float64 `json:"decode_alone_tokens_per_sec"`
 		Senders     *float64 `json:"senders"`
+		Sent        struct {
+			Requests     int64 `json:"requests"`
+			PromptTokens int64 `json:"prompt_tokens"`
+			OutputTokens int64 `json:"output_tokens"`
+		} `json:"sent_since_report"`
 	} `json:"score"`
 	AffinityBlocks   *int64 `json:"affinity_blocks"`
 	AffinityHomeKeys *int64 `json:"affinity_home_keys"`
@@ -757,5 +764,68 @@ func TestNewWorkersWarmUp(t *testing.T) {
 		if more := view[w.addr()].PollsOK - first[w.addr()].PollsOK; more > 2 {
 			t.Errorf("%s: %d more polls while the new worker made %d, want at most 2", w.addr(), more, view[idle.addr()].PollsOK)
 		}
+	}
+}
+
+// Through Caddy, the admin view's sent_since_report counts what the default policy priced as work: a
+// chat (its answer at default_max_tokens, 256, the body unread) and an embedding (no answer), never a
+// model list or a health check.
+func TestAdminCountsTheWorkSentSinceTheReport(t *testing.T) {
+	a, b := newTestWorker(t, "a", 0.1, 0), newTestWorker(t, "b", 0.1, 0)
+	tester := caddytest.NewTester(t)
+	// A minute's interval: its warm-up polls are 6 s apart, and a poll between the two reads of the
+	// view, which starts the count again, makes the attempt start over.
+	tester.InitServer(caddyfile("interval 1m", "", a, b), "caddyfile")
+	waitPolls(t, 1, a, b)
+	sent := func() (requests, prompt, output int64, received []time.Time) {
+		for _, w := range workers(t) {
+			if w.Score == nil || w.Report == nil {
+				t.Fatalf("%s: no score or report: %+v", w.Endpoint, w)
+			}
+			requests, prompt, output = requests+w.Score.Sent.Requests, prompt+w.Score.Sent.PromptTokens, output+w.Score.Sent.OutputTokens
+			received = append(received, w.Report.Received)
+		}
+		slices.SortFunc(received, time.Time.Compare)
+		return requests, prompt, output, received
+	}
+	send := func(method, path, body string) {
+		t.Helper()
+		req, err := http.NewRequest(method, proxyURL+strings.TrimPrefix(path, "/"), strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s %s: status %d", method, path, resp.StatusCode)
+		}
+	}
+	for attempt := 1; ; attempt++ {
+		requests0, prompt0, output0, received0 := sent()
+		for range 10 {
+			send(http.MethodGet, "/v1/models", "")
+			send(http.MethodGet, "/health", "")
+		}
+		for range 4 {
+			send(http.MethodPost, "/v1/embeddings", `{"model":"m","input":"a sentence to embed"}`)
+		}
+		for range 3 {
+			send(http.MethodPost, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hello"}],"max_tokens":77}`)
+		}
+		requests, prompt, output, received := sent()
+		if !slices.Equal(received, received0) {
+			if attempt == 3 {
+				t.Fatal("a poll came between the reads of the view three times")
+			}
+			continue
+		}
+		if requests-requests0 != 7 || output-output0 != 3*256 || prompt <= prompt0 {
+			t.Errorf("sent since the report: %d requests, %d prompt and %d output tokens more; want 7 (4 embeddings, 3 chats), some prompt and 3 × 256 output",
+				requests-requests0, prompt-prompt0, output-output0)
+		}
+		return
 	}
 }
