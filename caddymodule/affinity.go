@@ -112,8 +112,8 @@ type work uint8
 
 const (
 	// workNone is answered without the model: a model list, a health check, a GetLoads call, tokenizing.
-	// Priced as a generation of default_max_tokens, each held its worker busy in the model until the
-	// next poll.
+	// Counted as a generation of default_max_tokens, as once, each held its worker busy in the model
+	// until the next poll.
 	workNone work = iota
 	// workPrefill is a prompt read and answered without decoding: embeddings, scores, reranking,
 	// classification.
@@ -123,9 +123,10 @@ const (
 	workGenerate
 )
 
-// workOf is what r asks of a worker: no work unless it is a POST with a body; over gRPC (HTTP/2 with
-// a gRPC Content-Type), SGLang's scheduler generates for Generate, embeds for Embed and does no model
-// work for its other methods, nor does the gRPC health service.
+// workOf is what r asks of a worker: no work unless it is a POST with a body. Over gRPC (HTTP/2 with a
+// gRPC Content-Type), SGLang's scheduler generates for Generate, embeds for Embed and does no model
+// work for its other methods, nor does the gRPC health service. Over HTTP the path says: a generation
+// API, one that decodes nothing (prefillPaths), the tokenizer's routes; any other is a generation.
 func workOf(r *http.Request) work {
 	if r.Method != http.MethodPost || !hasBody(r) || r.ContentLength == 0 {
 		return workNone
