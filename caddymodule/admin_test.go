@@ -788,32 +788,15 @@ func TestAdminCountsTheWorkSentSinceTheReport(t *testing.T) {
 		slices.SortFunc(received, time.Time.Compare)
 		return requests, prompt, output, received
 	}
-	send := func(method, path, body string) {
-		t.Helper()
-		req, err := http.NewRequest(method, proxyURL+strings.TrimPrefix(path, "/"), strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s %s: status %d", method, path, resp.StatusCode)
-		}
-	}
 	for attempt := 1; ; attempt++ {
 		requests0, prompt0, output0, received0 := sent()
-		for range 10 {
-			send(http.MethodGet, "/v1/models", "")
-			send(http.MethodGet, "/health", "")
-		}
+		sendRequests(t, proxyURL+"v1/models", 10)
+		sendRequests(t, proxyURL+"health", 10)
 		for range 4 {
-			send(http.MethodPost, "/v1/embeddings", `{"model":"m","input":"a sentence to embed"}`)
+			post(t, proxyURL+"v1/embeddings", `{"model":"m","input":"a sentence to embed"}`, nil)
 		}
 		for range 3 {
-			send(http.MethodPost, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hello"}],"max_tokens":77}`)
+			post(t, proxyURL+"v1/chat/completions", `{"messages":[{"role":"user","content":"hello"}],"max_tokens":77}`, nil)
 		}
 		requests, prompt, output, received := sent()
 		if !slices.Equal(received, received0) {
