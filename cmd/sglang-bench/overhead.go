@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,52 +20,45 @@ type overheadOptions struct {
 	conns      int
 	chunk      int // requests per run; a round alternates runs until requests per policy are sent
 	body       string
-	policies   []overheadPolicy
+	policies   []policy
 }
 
 // chunks is how many runs of chunk requests a round sends each policy.
 func (o overheadOptions) chunks() int { return max(o.requests/o.chunk, 1) }
 
-// overheadPolicy is a configuration compared: its global options and its lb_policy line. A study row
-// runs only when named (-policies).
-type overheadPolicy struct {
-	name, global, lb string
-	study            bool
-}
-
-// pollEverySecond is the global options of the sglang_load rows: loads polled every second.
-const pollEverySecond = "\tsglang_load {\n\t\tinterval 1s\n\t}\n"
-
 // overheadPolicies are the configurations compared, the baseline (Caddy's least_conn) first: least_conn
 // again, a control whose ratio to the first is what the harness itself makes of two equal Caddys; the
 // default sglang_load (the cost metric, reading no body); and the cost metric named, which reads each
-// request's body too. The studies tell what placement alone does to Caddy's CPU (first sends every
-// request to one backend, random spreads them at random) from what the policy's code does.
-var overheadPolicies = []overheadPolicy{
+// request's body too; sglang_load polls every second. The studies tell what placement alone does to
+// Caddy's CPU (first sends every request to one backend, random spreads them at random) from what the
+// policy's code does.
+var overheadPolicies = []policy{
 	{name: "least_conn", lb: "lb_policy least_conn"},
 	{name: "least_conn again", lb: "lb_policy least_conn"},
-	{name: "sglang_load", global: pollEverySecond, lb: "lb_policy sglang_load"},
-	{name: "sglang_load metric cost", global: pollEverySecond, lb: "lb_policy sglang_load {\n\t\t\tmetric cost\n\t\t}"},
-	{name: "first", lb: "lb_policy first", study: true},
-	{name: "random", lb: "lb_policy random", study: true},
-	{name: "sglang_load choose least", global: pollEverySecond, lb: "lb_policy sglang_load {\n\t\t\tchoose least\n\t\t}", study: true},
-	{name: "sglang_load metric auto", global: pollEverySecond, lb: "lb_policy sglang_load {\n\t\t\tmetric auto\n\t\t}", study: true},
+	sglangLoad("sglang_load", time.Second),
+	sglangLoad("sglang_load metric cost", time.Second, "metric cost"),
+	study(policy{name: "first", lb: "lb_policy first"}),
+	study(policy{name: "random", lb: "lb_policy random"}),
+	study(sglangLoad("sglang_load choose least", time.Second, "choose least")),
+	study(sglangLoad("sglang_load metric auto", time.Second, "metric auto")),
 }
 
 // overheadRows are the rows that always run, then the studies named in only (comma list).
-func overheadRows(only string) ([]overheadPolicy, error) {
-	rows := slices.DeleteFunc(slices.Clone(overheadPolicies), func(p overheadPolicy) bool { return p.study })
-	if only == "" {
-		return rows, nil
+func overheadRows(only string) ([]policy, error) {
+	rows, err := selectPolicies(overheadPolicies, "")
+	if err != nil || only == "" {
+		return rows, err
 	}
-	for _, name := range strings.Split(only, ",") {
-		i := slices.IndexFunc(overheadPolicies, func(p overheadPolicy) bool { return p.name == strings.TrimSpace(name) })
-		if i < 0 || !overheadPolicies[i].study {
-			return nil, fmt.Errorf("-policies: %q is not a study row of the overhead mode", name)
+	named, err := selectPolicies(overheadPolicies, only)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range named {
+		if !p.study {
+			return nil, fmt.Errorf("-policies: %q is not a study row of the overhead mode", p.name)
 		}
-		rows = append(rows, overheadPolicies[i])
 	}
-	return rows, nil
+	return append(rows, named...), nil
 }
 
 // Positions in the rows: the control and the default sglang_load.
@@ -217,16 +209,13 @@ func startOverheadCaddys(ctx context.Context, o overheadOptions, addrs []string,
 	for i := range n {
 		k := (i + round) % n
 		p := o.policies[k]
-		procs[k], err = startCaddy(ctx, o.caddy, func(admin string, port int) string {
-			return fmt.Sprintf("{\n\tadmin %s\n\tauto_https off\n\tpersist_config off\n%s}\nhttp://127.0.0.1:%d {\n\treverse_proxy %s {\n\t\t%s\n\t}\n}\n",
-				admin, p.global, port, strings.Join(addrs, " "), p.lb)
-		}, stderr)
+		procs[k], err = startCaddy(ctx, o.caddy, func(admin string, port int) string { return p.caddyfile(admin, port, addrs) }, stderr)
 		if err != nil {
 			return procs, err
 		}
 	}
 	for k, p := range o.policies {
-		if p.global != "" {
+		if p.interval > 0 {
 			if err := procs[k].waitFresh(ctx, len(addrs), 20*time.Second); err != nil {
 				return procs, err
 			}

@@ -37,6 +37,17 @@ func sglangLoad(name string, interval time.Duration, lines ...string) policy {
 	return policy{name: name, lb: lb, interval: interval}
 }
 
+// caddyfile is the config of a Caddy with admin at admin that serves port by proxying to addrs with
+// p, its loads polled every p.interval.
+func (p policy) caddyfile(admin string, port int, addrs []string) string {
+	global := ""
+	if p.interval > 0 {
+		global = fmt.Sprintf("\tsglang_load {\n\t\tinterval %s\n\t}\n", p.interval)
+	}
+	return fmt.Sprintf("{\n\tadmin %s\n\tauto_https off\n\tpersist_config off\n%s}\nhttp://127.0.0.1:%d {\n\treverse_proxy %s {\n\t\t%s\n\t}\n}\n",
+		admin, global, port, strings.Join(addrs, " "), p.lb)
+}
+
 // sample is one request's outcome, as the client measured it.
 type sample struct {
 	job           int
@@ -80,14 +91,7 @@ func startArm(ctx context.Context, caddy string, p policy, n int, ports []int) (
 		}
 		return a, nil
 	}
-	global := ""
-	if p.interval > 0 {
-		global = fmt.Sprintf("\tsglang_load {\n\t\tinterval %s\n\t}\n", p.interval)
-	}
-	cf := func(admin string, port int) string {
-		return fmt.Sprintf("{\n\tadmin %s\n\tauto_https off\n\tpersist_config off\n%s}\nhttp://127.0.0.1:%d {\n\treverse_proxy %s {\n\t\t%s\n\t}\n}\n",
-			admin, global, port, strings.Join(f.addrs, " "), p.lb)
-	}
+	cf := func(admin string, port int) string { return p.caddyfile(admin, port, f.addrs) }
 	for range n {
 		c, err := startCaddyRetrying(ctx, caddy, cf)
 		if err != nil {
