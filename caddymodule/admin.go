@@ -286,10 +286,8 @@ func (ep *endpoint) view(now time.Time, upstreams []string) workerView {
 					v.Score.Signals[s.String()] = c.Signals.Score(s, c.Extra+1)
 				}
 			}
-			var totals loadpolicy.SentTotals
 			var since loadpolicy.Since
-			ep.sentTotals(&totals)
-			totals.SetSince(&since, &fresh.Sent, 0, 0)
+			ep.sentSince(&since, fresh, 0, 0)
 			v.Score.SentSinceReport = sentView{since.Sent, since.SentPrompt, since.SentOutput}
 			params := defaultCostParams()
 			pc := loadpolicy.Candidate{Inflight: v.Inflight}

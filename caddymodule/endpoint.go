@@ -243,6 +243,14 @@ func (ep *endpoint) sentTotals(t *loadpolicy.SentTotals) {
 	t.Weighted, t.Uncached = ep.sentWeighted.Load(), ep.sentUncached.Load()
 }
 
+// sentSince sets s to what was sent here after rep arrived, elapsed ago, with the proxy's in-flight
+// count to the worker changed by extra since; in place, as SetSince.
+func (ep *endpoint) sentSince(s *loadpolicy.Since, rep *loadpolicy.Report, elapsed time.Duration, extra int64) {
+	var totals loadpolicy.SentTotals
+	ep.sentTotals(&totals)
+	totals.SetSince(s, &rep.Sent, elapsed, extra)
+}
+
 // placed counts a request the cost model sent here, cached of whose prompt tokens it holds, at the
 // size the worker holds (Report.Held), and reports whether it holds the request: one it refuses
 // caches nothing there.
@@ -282,9 +290,7 @@ func (ep *endpoint) priced(rep *loadpolicy.Report, c *loadpolicy.Candidate, now 
 	}
 	var since loadpolicy.Since
 	if !reportOnly {
-		var totals loadpolicy.SentTotals
-		ep.sentTotals(&totals)
-		totals.SetSince(&since, &rep.Sent, now.Sub(rep.Received), c.Inflight-rep.Inflight)
+		ep.sentSince(&since, rep, now.Sub(rep.Received), c.Inflight-rep.Inflight)
 	}
 	c.Cost = max(rep.Cost(req, cached, &since, params), minCost)
 }
