@@ -68,3 +68,47 @@ func FuzzNewReport(f *testing.F) {
 		}
 	})
 }
+
+// Whatever the proxy counted since a report (counts and sizes of any sign and size: totals that
+// started again under another config, a report stamped after the caller's clock reading), whatever
+// the stand-ins the options and the fleet give, and whatever the request claims, a worker is priced at
+// a positive number of seconds, +Inf only where it refuses the request, and never NaN: a NaN compares
+// as neither cheaper nor dearer, and would leave the choice to the candidates' order.
+func FuzzCost(f *testing.F) {
+	f.Add(int64(12), int64(3), int64(30000), 800.0, int64(3_000_000_000), int64(2), int64(5), int64(1000), int64(512), int64(512*1512), int64(1000),
+		int64(512), int64(256), int64(0), 256.0, 743.0, 0.05, 4000.0, 1.0, 32.0, true)
+	const big = math.MaxInt64
+	f.Add(int64(64), int64(1000), int64(65000), 1e300, int64(-big), int64(-big), int64(big), int64(big), int64(big), int64(big), int64(-big),
+		int64(big), int64(big), int64(big), 1e300, 1e300, 1e300, 1e300, 0.0, 1e300, false)
+	f.Fuzz(func(t *testing.T, running, waiting, used int64, gen float64, elapsed, extra, sent, sentPrompt, sentOutput, sentWeighted, sentUncached,
+		prompt, output, cached int64, meanOut, residual, decodePerPrefill, prefillFloor, delay, halving float64, otherSenders bool) {
+		// The stand-ins as the policy's options and its fleet figures can set them.
+		for _, v := range []float64{gen, meanOut, residual, decodePerPrefill, prefillFloor, delay, halving} {
+			if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+				return
+			}
+		}
+		if delay > 1 || halving < 1 || running < 0 || waiting < 0 || used < 0 {
+			return
+		}
+		rank := Rank{Running: running, Waiting: waiting, WaitingUncachedTokens: waiting * 100, UsedTokens: used,
+			TotalTokens: used, MaxTotalTokens: 65536, MaxRunning: 64, GenThroughput: gen,
+			PrefillUncachedTokens: used, PrefillBusyUS: 1_000_000,
+			Fields: FieldRunning | FieldWaiting | FieldWaitingUncachedTokens | FieldUsedTokens | FieldTotalTokens |
+				FieldMaxTotalTokens | FieldMaxRunning | FieldGenThroughput | FieldPrefillCounters}
+		prev := NewReport(time.Unix(90, 0), "", []Rank{rank})
+		rank.PrefillUncachedTokens, rank.PrefillBusyUS = used*2, 2_000_000
+		r := NewReport(time.Unix(100, 0), "", []Rank{rank})
+		r.Follow(prev)
+		p := CostParams{PrefillTokensPerSec: 8000, PrefillPerRankFloor: prefillFloor, DecodeTokensPerSec: 50,
+			DecodePerPrefill: decodePerPrefill, DecodeBatchHalving: halving, MeanOutputTokens: meanOut,
+			DelayToOthers: delay, OtherSenders: otherSenders, ResidualPromptTokens: residual}
+		since := Since{Elapsed: time.Duration(elapsed), Extra: extra, Sent: sent, SentPrompt: sentPrompt,
+			SentOutput: sentOutput, SentWeighted: sentWeighted, SentUncached: sentUncached}
+		req := Request{PromptTokens: prompt, OutputTokens: output}.Bounded()
+		cost := r.Cost(req, cached, &since, &p)
+		if math.IsNaN(cost) || cost <= 0 || math.IsInf(cost, 1) && r.Admits(req.PromptTokens) {
+			t.Fatalf("priced at %v s, %+v since the report, params %+v", cost, since, p)
+		}
+	})
+}
