@@ -184,11 +184,16 @@ func keyBlocks(contentLength int64, limit int) int {
 // default_max_tokens, or none for a request that decodes nothing (workPrefill, whose prompt is at least
 // a token); Bounded, as every size the policy takes from a request.
 func (p *Policy) unreadSize(r *http.Request) loadpolicy.Request {
-	size := loadpolicy.Request{PromptTokens: max(r.ContentLength, 0) / bytesPerToken, OutputTokens: p.defaultMaxTokens()}
+	size := loadpolicy.Request{PromptTokens: unreadPrompt(r), OutputTokens: p.defaultMaxTokens()}
 	if workOf(r) == workPrefill {
 		size = loadpolicy.Request{PromptTokens: max(size.PromptTokens, 1)}
 	}
 	return size.Bounded()
+}
+
+// unreadPrompt is r's prompt tokens where its body is not read, from its Content-Length; Bounded.
+func unreadPrompt(r *http.Request) int64 {
+	return min(max(r.ContentLength, 0)/bytesPerToken, loadpolicy.MaxRequestTokens)
 }
 
 // sizeOf is the size of the request st was read from, r.

@@ -496,7 +496,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	}
 	var v poolView
 	v.init(p, pool, x)
-	v.prompt, v.r = p.unreadSize(r).PromptTokens, r
+	v.prompt, v.r = unreadPrompt(r), r // the signals weigh no output, and need not know the work
 	if unknownLength(r) {
 		v.prompt = loadpolicy.MaxRequestTokens // a chunked body's size is unknown: past any pool, until read
 	}
