@@ -457,7 +457,7 @@ func TestPrefixCacheAccounting(t *testing.T) {
 	now := start
 	for i := range 400 {
 		text := prefixes[rng.IntN(len(prefixes))] + strings.Repeat("q", rng.IntN(400))
-		j := w.plan(textKey([]byte(text)), promptTokens(len(text)), int64(1+rng.IntN(200)), -1, 0)
+		j := w.plan(textKey([]byte(text)), promptTokens(len(text)), int64(1+rng.IntN(200)), -1, -1, 0)
 		r, err := w.submit(j)
 		if err != nil {
 			t.Fatal(err)
@@ -502,7 +502,7 @@ func BenchmarkPlan(b *testing.B) {
 		b.Run(fmt.Sprintf("cache_off=%t", off), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				w.plan(chatKey(text), 2048, 256, -1, 0)
+				w.plan(chatKey(text), 2048, 256, -1, -1, 0)
 			}
 		})
 	}

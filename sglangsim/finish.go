@@ -6,8 +6,9 @@ import (
 )
 
 // plan turns a parsed request into the model's job: its answer's length and its cacheable blocks.
-// sample numbers the answers of a request for several (n), 0 for the first.
-func (w *Worker) plan(k promptKey, prompt, maxTokens int64, dpRank, sample int) job {
+// sample numbers the answers of a request for several (n), 0 for the first; answer, when positive, is
+// the answer's length (answer_tokens), cut to the output the request may have.
+func (w *Worker) plan(k promptKey, prompt, maxTokens, answer int64, dpRank, sample int) job {
 	digest := k.digest()
 	if sample > 0 { // another answer to the same prompt: a length of its own
 		digest = mix64(digest + uint64(sample))
@@ -20,6 +21,9 @@ func (w *Worker) plan(k promptKey, prompt, maxTokens int64, dpRank, sample int) 
 		maxTokens: capped,
 		output:    min(outputLength(w.cfg.FinishEarly, digest, prompt, maxTokens), capped),
 		dpRank:    dpRank,
+	}
+	if answer > 0 {
+		j.output = min(answer, capped)
 	}
 	// A prompt too long is refused by submit; do not hash it into blocks first.
 	if !w.cfg.DisablePrefixCache && w.admits(prompt) {

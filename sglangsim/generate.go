@@ -25,6 +25,9 @@ import (
 // the prompt is prefilled once, and the answers decode side by side on its rank, each as a request.
 const (
 	defaultMaxOut = 128
+	// noMaxTokens is the output cap of a request that names its answer's length (answer_tokens) and
+	// no max_tokens: SGLang lets it run to the end of the context, which maxNewTokens cuts to.
+	noMaxTokens = 1 << 24
 	maxBodyBytes  = 64 << 20
 )
 
@@ -62,6 +65,9 @@ func filler(from, to int64) string {
 type sizeOverrides struct {
 	PromptTokens     *int64 `json:"prompt_tokens"`
 	DataParallelRank *int   `json:"data_parallel_rank"`
+	// AnswerTokens is the length the answer has, as a trace recorded it, at most the output the request
+	// may have; a client's max_tokens, where sent, is only its cap. Absent: FinishEarly or max_tokens.
+	AnswerTokens *int64 `json:"answer_tokens"`
 }
 
 type streamOptions struct {
@@ -137,6 +143,14 @@ func (o sizeOverrides) sizes(estimate int64, maxOut *int64) (prompt, out int64, 
 			return 0, 0, 0, badRequest("max tokens must not be negative, got %d", *maxOut)
 		}
 		out = *maxOut
+	}
+	if o.AnswerTokens != nil {
+		if *o.AnswerTokens < 1 {
+			return 0, 0, 0, badRequest("answer_tokens must be at least 1, got %d", *o.AnswerTokens)
+		}
+		if maxOut == nil {
+			out = noMaxTokens // SGLang's default: as much as the context leaves
+		}
 	}
 	if o.DataParallelRank != nil {
 		if *o.DataParallelRank < 0 {
@@ -400,9 +414,13 @@ func (w *Worker) newCall(k promptKey, estimate int64, o sizeOverrides, maxTokens
 		}
 		samples = *n
 	}
-	c := call{job: w.plan(k, prompt, maxOut, dpRank, 0)}
+	answer := int64(-1)
+	if o.AnswerTokens != nil {
+		answer = *o.AnswerTokens
+	}
+	c := call{job: w.plan(k, prompt, maxOut, answer, dpRank, 0)}
 	for i := 1; i < int(samples); i++ {
-		c.more = append(c.more, w.plan(k, prompt, maxOut, dpRank, i))
+		c.more = append(c.more, w.plan(k, prompt, maxOut, answer, dpRank, i))
 	}
 	return c, nil
 }

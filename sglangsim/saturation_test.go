@@ -32,7 +32,7 @@ func saturatingArrivals(w *Worker, seed uint64, n int) []arrival {
 			prompt, maxTokens = 2000, 512
 		}
 		unique := fmt.Sprintf("%08x%08x", seed, i) // no two prompts share a cached block
-		out[i] = arrival{at, w.plan(chatKey([]byte(unique+filler(4, prompt))), prompt, maxTokens, -1, 0)}
+		out[i] = arrival{at, w.plan(chatKey([]byte(unique+filler(4, prompt))), prompt, maxTokens, -1, -1, 0)}
 	}
 	return out
 }

@@ -726,3 +726,50 @@ func TestChatToolsCountInThePrompt(t *testing.T) {
 		t.Error("the same tools and message again found nothing cached")
 	}
 }
+
+// answer_tokens gives an answer the length a trace recorded: within a client's max_tokens (which only
+// caps it, ending by length past it), and without one up to what the rank holds beside the prompt.
+func TestAnswerTokens(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxTotalTokens = 100
+	cfg.FinishEarly = 0.3 // answer_tokens overrides the drawn length
+	_, base := startWorker(t, cfg)
+	chat := func(answer int64, maxTokens *int64) map[string]any {
+		b := map[string]any{"messages": []any{map[string]any{"role": "user", "content": "hi"}}, "prompt_tokens": 10, "answer_tokens": answer}
+		if maxTokens != nil {
+			b["max_tokens"] = *maxTokens
+		}
+		return b
+	}
+	cap50, cap5 := int64(50), int64(5)
+	for _, v := range []struct {
+		answer    int64
+		maxTokens *int64
+		want      int64
+		finish    string
+	}{
+		{20, &cap50, 20, "stop"},
+		{20, &cap5, 5, "length"},
+		{20, nil, 20, "stop"},
+		{500, nil, 88, "length"}, // the pool less 2, less the prompt
+	} {
+		resp, b := do(t, "POST", base+"/v1/chat/completions", "", chat(v.answer, v.maxTokens))
+		mustStatus(t, resp, b, http.StatusOK)
+		var c struct {
+			Choices []struct {
+				FinishReason string `json:"finish_reason"`
+			} `json:"choices"`
+			Usage struct {
+				CompletionTokens int64 `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal(b, &c); err != nil {
+			t.Fatal(err)
+		}
+		if c.Usage.CompletionTokens != v.want || c.Choices[0].FinishReason != v.finish {
+			t.Errorf("answer_tokens %d, max_tokens %v: %d tokens, finish %q; want %d, %q", v.answer, v.maxTokens, c.Usage.CompletionTokens, c.Choices[0].FinishReason, v.want, v.finish)
+		}
+	}
+	resp, b := do(t, "POST", base+"/v1/chat/completions", "", chat(0, nil))
+	mustStatus(t, resp, b, http.StatusBadRequest)
+}
