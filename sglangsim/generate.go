@@ -27,8 +27,8 @@ const (
 	defaultMaxOut = 128
 	// noMaxTokens is the output cap of a request that names its answer's length (answer_tokens) and
 	// no max_tokens: SGLang lets it run to the end of the context, which maxNewTokens cuts to.
-	noMaxTokens = 1 << 24
-	maxBodyBytes  = 64 << 20
+	noMaxTokens  = 1 << 24
+	maxBodyBytes = 64 << 20
 )
 
 // MaxSamples is the most answers (n) a request may ask for.
