@@ -5,9 +5,6 @@ import "slices"
 // BytesPerToken is the simulator's measure of text: a prompt of n tokens is 4n bytes.
 const BytesPerToken = 4
 
-// blockBytes is the text of one hash id.
-const blockBytes = BlockTokens * BytesPerToken
-
 // A block's text is a tag (7 characters and a space) and then words of three lowercase letters and a
 // space, so every word is 4 bytes (one token in the simulator's measure, and about one in a real
 // tokenizer's). The tag's first 4 characters encode the low 24 bits of the block's id through a
@@ -55,15 +52,17 @@ func AppendPromptText(dst []byte, r Request, salt uint64) []byte {
 			id := uint64(r.HashIDs[i])
 			dst = appendBlock(dst, n, bijection24(id, idKey), mix64(id^idKey))
 		} else {
-			// Block 0's tag is the line's own, so prompts of different lines differ from their first byte.
+			// Block 0's tag is the line's own (mix64(0) = 0), so prompts of different lines differ from their
+			// first byte; later blocks' keys are scrambled by the block's index, not shifted by it, lest
+			// line l's block 1 begin as line l+1's block 0.
 			seed := mix64(uint64(r.Line) ^ lineKey)
-			dst = appendBlock(dst, n, bijection24(uint64(r.Line), lineKey+uint64(i)), mix64(seed+uint64(i)))
+			dst = appendBlock(dst, n, bijection24(uint64(r.Line), lineKey^mix64(uint64(i))), mix64(seed+uint64(i)))
 		}
 	}
 	return dst
 }
 
-// appendBlock appends the first n bytes (n <= blockBytes) of the block of the given tag and seed.
+// appendBlock appends the first n bytes (n <= BlockTokens*BytesPerToken) of the block of the given tag and seed.
 func appendBlock(dst []byte, n int, tag uint32, seed uint64) []byte {
 	start := len(dst)
 	// The tag: 4 characters of the 24-bit tag, 3 of the seed, a space.

@@ -40,7 +40,12 @@ func Compress(reqs []Request, factor float64) []Request {
 		return out
 	}
 	for i := range out {
-		out[i].At = time.Duration(min(float64(out[i].At)/factor, math.MaxInt64))
+		at := float64(out[i].At) / factor
+		if at >= math.MaxInt64 { // float64(MaxInt64) is 2^63, one past it
+			out[i].At = math.MaxInt64
+		} else {
+			out[i].At = time.Duration(at)
+		}
 	}
 	return out
 }
