@@ -226,7 +226,7 @@ func (p *Policy) selectByAffinity(pool reverseproxy.UpstreamPool, x *poolIndex, 
 	}
 	metrics.selectedByLoad.Inc(r)
 	metrics.affinityOutcomes[choice.Outcome].Inc(r)
-	if ep := c.endpoint(choice.Index); ep == nil || ep.placed(st.size, choice.CachedTokens) {
+	if ep := c.endpoint(choice.Index); ep == nil || ep.placed(st.size, choice.CachedTokens, c.now, &c.params) {
 		chosen, _, _ := c.Candidate(choice.Index)
 		p.affinityIndex.Record(st.key.Blocks, chosen)
 	}
@@ -460,7 +460,7 @@ func (p *Policy) selectByCost(pool reverseproxy.UpstreamPool, x *poolIndex, size
 		metrics.affinityOutcomes[affinity.NoKey].Inc(r)
 	}
 	if ep := v.endpoint(idx); ep != nil && v.size != noWork {
-		ep.placed(v.size, 0)
+		ep.placed(v.size, 0, v.now, &v.params)
 	}
 	p.sizes.gather(v.now.UnixMilli(), v.eps)
 	return pool[idx]

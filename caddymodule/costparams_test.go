@@ -28,10 +28,10 @@ func TestCostParamsFollowRecentPromptSizes(t *testing.T) {
 	now := int64(1_000_000)
 	for range 100 {
 		for range 40 {
-			short.placed(loadpolicy.Request{PromptTokens: 200, OutputTokens: 64}, 0)
+			short.placed(loadpolicy.Request{PromptTokens: 200, OutputTokens: 64}, 0, time.Now(), new(loadpolicy.CostParams))
 		}
 		for range 10 {
-			long.placed(loadpolicy.Request{PromptTokens: 3800, OutputTokens: 512}, 1800)
+			long.placed(loadpolicy.Request{PromptTokens: 3800, OutputTokens: 512}, 1800, time.Now(), new(loadpolicy.CostParams))
 		}
 		p.sizes.gather(now, eps)
 		now += sizesEvery
@@ -46,7 +46,7 @@ func TestCostParamsFollowRecentPromptSizes(t *testing.T) {
 	// Before the next gathering is due nothing moves; when it is, the requests since weigh as many
 	// folds of meanWeight: 50 of 1,000 output tokens move the mean by 1 - 0.99^50 of the way.
 	for range 50 {
-		short.placed(loadpolicy.Request{PromptTokens: 200, OutputTokens: 1000}, 0)
+		short.placed(loadpolicy.Request{PromptTokens: 200, OutputTokens: 1000}, 0, time.Now(), new(loadpolicy.CostParams))
 	}
 	before := paramsOf(p).MeanOutputTokens
 	p.sizes.gather(now-1, eps)
@@ -120,7 +120,7 @@ func TestRequestSizesGatherEachEndpointOnce(t *testing.T) {
 	s.out.Store(100)
 	shared := &endpoint{state: new(sharedState)}
 	eps := map[string]*endpoint{"10.0.0.1:30000": shared, "10.0.0.1:30001": shared}
-	shared.placed(loadpolicy.Request{PromptTokens: 10, OutputTokens: 200}, 0)
+	shared.placed(loadpolicy.Request{PromptTokens: 10, OutputTokens: 200}, 0, time.Now(), new(loadpolicy.CostParams))
 	s.gather(0, eps)
 	if got, want := s.out.Load(), 200+0.99*(100-200.0); math.Abs(got-want) > 1e-9 {
 		t.Fatalf("mean output after one request through a shared endpoint %v, want %v (counted once)", got, want)

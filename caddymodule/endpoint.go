@@ -176,6 +176,9 @@ type endpoint struct {
 	// with them, so the requests sent since are the difference. sentUncachedSq sums the squares of
 	// their uncached prompt tokens, for the policies' mean sizes (requestSizes).
 	sentRequests, sentPrompt, sentOutput, sentWeighted, sentUncached, sentUncachedSq atomic.Int64
+	// backlog is the worker's prefill queue as the cost model projects it from its report and the
+	// prompts placed here since.
+	backlog loadpolicy.Backlog
 
 	// poke asks the monitor for a poll within a tenth of the interval (monitor.Target.Poke).
 	poke chan struct{}
@@ -251,14 +254,17 @@ func (ep *endpoint) sentSince(s *loadpolicy.Since, rep *loadpolicy.Report, elaps
 	totals.SetSince(s, &rep.Sent, elapsed, extra)
 }
 
-// placed counts a request the cost model sent here, cached of whose prompt tokens it holds, at the
-// size the worker holds (Report.Held), and reports whether it holds the request: one it refuses
-// caches nothing there.
-func (ep *endpoint) placed(req loadpolicy.Request, cached int64) (held bool) {
+// placed counts a request the cost model sent here at now, cached of whose prompt tokens it holds, at
+// the size the worker holds (Report.Held), and reports whether it holds the request: one it refuses
+// caches nothing there. params price its prefill in the worker's backlog.
+func (ep *endpoint) placed(req loadpolicy.Request, cached int64, now time.Time, params *loadpolicy.CostParams) (held bool) {
 	rep := ep.state.usable()
 	req, held = rep.Held(req)
 	var d loadpolicy.SentTotals
 	d.Add(req, cached)
+	if rep != nil {
+		ep.backlog.Add(rep, now.Sub(rep.Received), d.Uncached, params)
+	}
 	ep.sentRequests.Add(d.Requests)
 	ep.sentPrompt.Add(d.PromptTokens)
 	ep.sentOutput.Add(d.OutputTokens)
@@ -291,6 +297,7 @@ func (ep *endpoint) priced(rep *loadpolicy.Report, c *loadpolicy.Candidate, now 
 	var since loadpolicy.Since
 	if !reportOnly {
 		ep.sentSince(&since, rep, now.Sub(rep.Received), c.Inflight-rep.Inflight)
+		since.Backlog = &ep.backlog
 	}
 	c.Cost = max(rep.Cost(req, cached, &since, params), minCost)
 }

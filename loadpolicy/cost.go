@@ -67,8 +67,9 @@ type Since struct {
 	// SentWeighted is the sum over those requests of output x (prompt + output): their KV tokens
 	// weighted by how long they stay, since the requests still running are mostly the long ones.
 	SentWeighted int64
-	// SentUncached is their prompt tokens that were not cached where they went: prefill work.
-	SentUncached int64
+	// Backlog is the worker's prefill queue as the proxy projects it (see Backlog); nil: the report's
+	// queue alone, drained since.
+	Backlog *Backlog
 }
 
 // SentTotals are running totals of the requests sent to a worker; a report is stamped with them when
@@ -84,9 +85,9 @@ func (t *SentTotals) SetSince(s *Since, o *SentTotals, elapsed time.Duration, ex
 	s.Elapsed, s.Extra = elapsed, extra
 	if t.Requests >= o.Requests { // else o was stamped by totals that started again (another config's)
 		s.Sent, s.SentPrompt, s.SentOutput = t.Requests-o.Requests, t.PromptTokens-o.PromptTokens, t.OutputTokens-o.OutputTokens
-		s.SentWeighted, s.SentUncached = t.Weighted-o.Weighted, t.Uncached-o.Uncached
+		s.SentWeighted = t.Weighted - o.Weighted
 	} else {
-		s.Sent, s.SentPrompt, s.SentOutput, s.SentWeighted, s.SentUncached = 0, 0, 0, 0, 0
+		s.Sent, s.SentPrompt, s.SentOutput, s.SentWeighted = 0, 0, 0, 0
 	}
 }
 
@@ -96,7 +97,7 @@ func (t *SentTotals) SetSince(s *Since, o *SentTotals, elapsed time.Duration, ex
 func (s *Since) setScaled(d *Since, f float64) {
 	m := func(v int64) int64 { return int64(math.Round(float64(v) * f)) }
 	d.Elapsed, d.Extra, d.Sent, d.SentPrompt = s.Elapsed, m(s.Extra), m(s.Sent), m(s.SentPrompt)
-	d.SentOutput, d.SentWeighted, d.SentUncached = m(s.SentOutput), m(s.SentWeighted), m(s.SentUncached)
+	d.SentOutput, d.SentWeighted, d.Backlog = m(s.SentOutput), m(s.SentWeighted), s.Backlog
 }
 
 // SGLang's limits on one request, from the pool of the rank it runs on (and the context length, which
@@ -398,6 +399,15 @@ func (w *workload) followSenders(prev *workload, received float64, sent int64, c
 // maxSenders bounds the factor by which the model counts the requests sent since a report.
 const maxSenders = 64
 
+// othersShare is the share of the worker's prefill work that other senders send it: 0 where this proxy
+// is the only one, the share is not measured, or p does not count other senders.
+func (w *workload) othersShare(p *CostParams) float64 {
+	if !p.OtherSenders || w.senders <= 1 {
+		return 0
+	}
+	return 1 - 1/w.senders
+}
+
 // Senders is how much more work the worker received than this proxy sent it, lately (at least 1; 0
 // when not measured): the model counts the requests sent since a report that many times.
 func (r *Report) Senders() float64 { return r.work.senders }
@@ -527,25 +537,19 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 		}
 	}
 
-	// Prefill: the queued prompts ahead, plus the uncached prompts of the requests sent since that have
-	// not finished (a finished request was prefilled), less what the worker prefilled since; then this
-	// prompt's uncached part on one rank.
+	// Prefill: the prompts queued ahead (the report's queue and what the proxy sent since, as the
+	// Backlog projects them), then this prompt's uncached part on one rank.
 	invSpeed := 1 / w.prefillSpeed(p)
-	var sentAhead float64
-	if sent > 0 {
-		sentAhead = float64(max(since.SentUncached, 0)) * float64(newLeft) / float64(sent)
-	}
-	// A report stamped after the caller's clock reading (a coarse clock lags) drained nothing since.
-	drained := max(since.Elapsed, 0).Seconds() / invSpeed
-	ahead := atLeast(float64(w.queued)+sentAhead-drained, 0)
-	// On its rank the prompt prefills its uncached tokens, after the residual prompts it queues behind:
-	// prompts arrive at random, so a prefill busy a fraction u of the time keeps a new one waiting
-	// u/(1-u) of them (Pollaczek-Khinchine), even when the report saw no queue.
+	ahead := since.Backlog.Ahead(r, since.Elapsed, p)
+	// Other senders' prompts arrive at random, unseen until the next report: a prefill they keep busy a
+	// fraction u of the time keeps a new prompt waiting u/(1-u) residual prompts (Pollaczek-Khinchine).
+	// This proxy's own prompts are in the backlog: counted here too, a busy worker's stale fraction
+	// outweighed its queue for a whole interval, and every request went to whichever read idlest.
 	onRank := atLeast(prompt-float64(max(cached, 0)), 0)
-	if u := min(w.prefillBusy, maxPrefillBusy); u > 0 {
+	if u := min(w.prefillBusy*w.othersShare(p), maxPrefillBusy); u > 0 {
 		onRank += u / (1 - u) * atLeast(p.ResidualPromptTokens, 0)
 	}
-	prefill := (ahead + onRank*float64(max(w.ranks, 1))) * invSpeed
+	prefill := ahead + onRank*float64(max(w.ranks, 1))*invSpeed
 
 	return wait + prefill + decode
 }

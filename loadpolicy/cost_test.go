@@ -44,7 +44,13 @@ func TestCost(t *testing.T) {
 		req      Request
 		cached   int64
 		since    Since
-		want     float64 // seconds, computed by hand in the comment
+		// backlog are the uncached prompts the proxy sent since the report, each at its time after the
+		// report's arrival (Backlog.Add); since.Elapsed after the report is when the choice is priced.
+		backlog []sentAt
+		// sentUncached is what this proxy sent the worker between the previous report and this one,
+		// uncached: the rest of what the worker prefilled came from other senders (OtherSenders on).
+		sentUncached int64
+		want         float64 // seconds, computed by hand in the comment
 	}{
 		{
 			// Nothing measured: prefill 800/8000 = 0.1, decode 100/50 = 2.
@@ -79,15 +85,34 @@ func TestCost(t *testing.T) {
 			// Two requests sent since (800 prompt, 200 output tokens), none finished, 1 s ago: 6 present,
 			// batch 7; the 800 queued prompt tokens were prefilled in that second: prefill 0.05.
 			name: "sent since, projected", ranks: []Rank{busy}, req: Request{400, 100},
-			since: Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800},
-			want:  100/perRequest(busyAlone, 7) + 0.05,
+			since:   Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200},
+			backlog: []sentAt{{0, 800}},
+			want:    100/perRequest(busyAlone, 7) + 0.05,
+		},
+		{
+			// The same two sent 50 ms ago, 10 s after the report: 0.1 s of prefill each was sent, 0.05
+			// of it drained; the 10 s before they were sent drained none of it. Prefill 0.05 + 0.05.
+			name: "sent late in the interval", ranks: []Rank{busy}, req: Request{400, 100},
+			since:   Since{Elapsed: 10050 * time.Millisecond, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200},
+			backlog: []sentAt{{10 * time.Second, 400}, {10 * time.Second, 400}},
+			want:    100/perRequest(busyAlone, 7) + 0.1,
+		},
+		{
+			// The report's queue, 1000 tokens, drains from its arrival: 0.125 s. 1200 tokens sent 0.1 s
+			// after it queue behind its rest, done 0.275 s after the report. Priced at 0.2 s, 0.075 s of
+			// prefill is ahead, then its own 400/8000; batch 8.
+			name: "queue and sent since", ranks: []Rank{worker(4, 2, 1000, 1000, 100000, 8, 200)}, req: Request{400, 100},
+			since:   Since{Elapsed: 200 * time.Millisecond, Extra: 1, Sent: 1, SentPrompt: 1200, SentOutput: 100},
+			backlog: []sentAt{{100 * time.Millisecond, 1200}},
+			want:    100/perRequest(busyAlone, 8) + 0.125,
 		},
 		{
 			// The same two sent but the count fell by 1: 3 finished, the oldest first, so 1 of the 4
 			// reported and both new ones remain: batch 4; prefill 0.05.
 			name: "finished since", ranks: []Rank{busy}, req: Request{400, 100},
-			since: Since{Elapsed: time.Second, Extra: -1, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800},
-			want:  100/perRequest(busyAlone, 4) + 0.05,
+			since:   Since{Elapsed: time.Second, Extra: -1, Sent: 2, SentPrompt: 800, SentOutput: 200},
+			backlog: []sentAt{{0, 800}},
+			want:    100/perRequest(busyAlone, 4) + 0.05,
 		},
 		{
 			// Sent since: three short requests (100 + 10 tokens) and a long one (2000 + 1000); the count
@@ -103,14 +128,16 @@ func TestCost(t *testing.T) {
 		{
 			// Just sent, not yet prefilled: 800 tokens ahead, (800 + 400)/8000 = 0.15; batch 7.
 			name: "sent since, queued", ranks: []Rank{busy}, req: Request{400, 100},
-			since: Since{Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800}, want: 100/perRequest(busyAlone, 7) + 0.15,
+			since:   Since{Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200},
+			backlog: []sentAt{{0, 800}}, want: 100/perRequest(busyAlone, 7) + 0.15,
 		},
 		{
 			// A report stamped after the choice's clock reading: nothing drained since, so it prices as
 			// one received now (the row above), not 10 ms of prefill (80 tokens) more.
 			name: "report newer than the clock", ranks: []Rank{busy}, req: Request{400, 100},
-			since: Since{Elapsed: -10 * time.Millisecond, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800},
-			want:  100/perRequest(busyAlone, 7) + 0.15,
+			since:   Since{Elapsed: -10 * time.Millisecond, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200},
+			backlog: []sentAt{{0, 800}},
+			want:    100/perRequest(busyAlone, 7) + 0.15,
 		},
 		{
 			// Counters moved 4000 tokens in 1 s of busy prefill: 4000 tok/s. Idle now; decode carried
@@ -122,21 +149,32 @@ func TestCost(t *testing.T) {
 		},
 		{
 			// 4000 tokens in 0.5 s of prefill busy over the 1 s between the reports: 8000 tok/s, busy half
-			// the time, so a prompt waits 0.5/0.5 residual prompts of 800: 0.1 s; its own 400/8000 = 0.05.
-			name:  "busy prefill queues",
+			// the time; this proxy sent 1000 of them, so others keep it busy 0.375 of the time: a prompt
+			// waits 0.375/0.625 residual prompts of 800, 0.06 s; its own 400/8000 = 0.05.
+			name:  "others' prompts queue",
 			prev:  []Rank{withCounters(worker(2, 0, 0, 1000, 10000, 8, 100), 1000, 1_000_000)},
 			ranks: []Rank{withCounters(worker(0, 0, 0, 0, 10000, 8, 0), 5000, 1_500_000)},
-			gap:   time.Second, residual: 800,
-			req: Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.05 + 0.1,
+			gap:   time.Second, residual: 800, sentUncached: 1000,
+			req: Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.05 + 0.06,
 		},
 		{
-			// Busy the whole second at 4000 tok/s: the busy fraction counts as 0.95, a wait of 19 residual
-			// prompts of 800 at 4000 tok/s: 3.8 s; its own 400/4000 = 0.1.
+			// The same, all 4000 sent by this proxy: they were in its backlog, no one else's queue to wait
+			// for.
+			name:  "own prompts do not queue twice",
+			prev:  []Rank{withCounters(worker(2, 0, 0, 1000, 10000, 8, 100), 1000, 1_000_000)},
+			ranks: []Rank{withCounters(worker(0, 0, 0, 0, 10000, 8, 0), 5000, 1_500_000)},
+			gap:   time.Second, residual: 800, sentUncached: 4000,
+			req: Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.05,
+		},
+		{
+			// Busy the whole second at 4000 tok/s, a tenth of it this proxy's: the busy fraction 0.9 counts
+			// as 0.9 others', a wait of 9 residual prompts of 800 at 4000 tok/s: 1.8 s; its own 400/4000.
+			// Busy all the time and all of it others': capped at 0.95.
 			name:  "saturated prefill, wait capped",
 			prev:  []Rank{withCounters(worker(2, 0, 0, 1000, 10000, 8, 100), 1000, 1_000_000)},
 			ranks: []Rank{withCounters(worker(0, 0, 0, 0, 10000, 8, 0), 5000, 2_000_000)},
-			gap:   time.Second, residual: 800,
-			req: Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.1 + 3.8,
+			gap:   time.Second, residual: 800, sentUncached: 400,
+			req: Request{400, 100}, want: 100/(50*(1+1.0/16)) + 0.1 + 1.8,
 		},
 		{
 			// The previous report, 30 s before, read 400 tok/s at batch 2; this one reads 50 at batch 4
@@ -176,6 +214,9 @@ func TestCost(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rep := NewReport(time.Unix(0, 0), "", tt.ranks)
+			if tt.sentUncached > 0 {
+				rep.Sent = SentTotals{Requests: 1, Uncached: tt.sentUncached}
+			}
 			if tt.prev != nil {
 				rep.Follow(NewReport(time.Unix(0, 0).Add(-tt.gap), "", tt.prev))
 			}
@@ -185,12 +226,30 @@ func TestCost(t *testing.T) {
 			p := params
 			p.ResidualPromptTokens = tt.residual
 			p.DelayToOthers = tt.others
-			got := rep.Cost(tt.req, tt.cached, &tt.since, &p)
-			if math.Abs(got-tt.want) > 1e-9 {
+			p.OtherSenders = tt.sentUncached > 0
+			since := tt.since
+			if tt.backlog != nil {
+				since.Backlog = new(Backlog)
+				for _, s := range tt.backlog {
+					since.Backlog.Add(rep, s.at, s.tokens, &p)
+				}
+			}
+			got := rep.Cost(tt.req, tt.cached, &since, &p)
+			tolerance := 1e-9
+			if tt.backlog != nil {
+				tolerance = 2e-6 // a backlog keeps whole microseconds, rounded up
+			}
+			if math.Abs(got-tt.want) > tolerance {
 				t.Errorf("cost %.6f s, want %.6f s", got, tt.want)
 			}
 		})
 	}
+}
+
+// sentAt is an uncached prompt of tokens sent at after a report's arrival.
+type sentAt struct {
+	at     time.Duration
+	tokens int64
 }
 
 // pollEverySecond follows prev with reports of r at seconds from to to, and returns the last.
@@ -636,7 +695,8 @@ func TestChooseWindowIsBounded(t *testing.T) {
 func BenchmarkCost(b *testing.B) {
 	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, MeanOutputTokens: 100}
 	rep := NewReport(time.Unix(0, 0), "", []Rank{worker(4, 2, 1000, 9000, 10000, 8, 200)})
-	since := Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800}
+	since := Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, Backlog: new(Backlog)}
+	since.Backlog.Add(rep, 0, 800, &params)
 	var sink float64
 	for b.Loop() {
 		sink += rep.Cost(Request{400, 100}, 0, &since, &params)
@@ -661,10 +721,16 @@ func TestSendersScaleWhatWasSentSince(t *testing.T) {
 		t.Fatalf("senders %v, want 3", got)
 	}
 	params := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 32, MeanOutputTokens: 100, OtherSenders: true}
-	since := Since{Elapsed: 2 * time.Second, Extra: 2, Sent: 3, SentPrompt: 600, SentOutput: 150, SentWeighted: 40000, SentUncached: 600}
-	tripled := Since{Elapsed: 2 * time.Second, Extra: 6, Sent: 9, SentPrompt: 1800, SentOutput: 450, SentWeighted: 120000, SentUncached: 1800}
+	// The 600 uncached tokens sent 1 s after the report, counted as 1,800.
+	backlog := func(r *Report, tokens int64, p *CostParams) *Backlog {
+		b := new(Backlog)
+		b.Add(r, time.Second, tokens, p)
+		return b
+	}
 	alone := *rep
 	alone.work.senders = 0
+	since := Since{Elapsed: 2 * time.Second, Extra: 2, Sent: 3, SentPrompt: 600, SentOutput: 150, SentWeighted: 40000, Backlog: backlog(rep, 600, &params)}
+	tripled := Since{Elapsed: 2 * time.Second, Extra: 6, Sent: 9, SentPrompt: 1800, SentOutput: 450, SentWeighted: 120000, Backlog: backlog(&alone, 1800, &params)}
 	req := Request{PromptTokens: 500, OutputTokens: 200}
 	if got, want := rep.Cost(req, 0, &since, &params), alone.Cost(req, 0, &tripled, &params); math.Abs(got-want) > 1e-12 {
 		t.Errorf("price with 3 senders %v s, want %v (the sends since tripled)", got, want)
@@ -674,6 +740,7 @@ func TestSendersScaleWhatWasSentSince(t *testing.T) {
 	}
 	off := params
 	off.OtherSenders = false
+	since.Backlog = backlog(rep, 600, &off)
 	if got, want := rep.Cost(req, 0, &since, &off), alone.Cost(req, 0, &since, &off); got != want {
 		t.Errorf("with OtherSenders off: %v s, want %v, as if this proxy sent alone", got, want)
 	}
