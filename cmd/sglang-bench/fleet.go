@@ -89,10 +89,20 @@ func portSeed(seed int64) int { return int((seed%maxPortSeeds + maxPortSeeds) % 
 // startFleet starts the workers on the given loopback ports, one per worker of workerScales, or on any
 // free ports when ports is nil.
 func startFleet(ports []int) (*fleet, error) {
-	f := &fleet{polls: make([]atomic.Int64, len(workerScales)), kvSum: make([]float64, len(workerScales)),
-		kvPeak: make([]float64, len(workerScales))}
-	for i := range workerScales {
-		w := sglangsim.New(workerConfig(i))
+	cfgs := make([]sglangsim.Config, len(workerScales))
+	for i := range cfgs {
+		cfgs[i] = workerConfig(i)
+	}
+	return startFleetOf(cfgs, ports)
+}
+
+// startFleetOf starts a worker per config on the given loopback ports, one each, or on any free ports
+// when ports is nil.
+func startFleetOf(cfgs []sglangsim.Config, ports []int) (*fleet, error) {
+	f := &fleet{polls: make([]atomic.Int64, len(cfgs)), kvSum: make([]float64, len(cfgs)),
+		kvPeak: make([]float64, len(cfgs))}
+	for i, cfg := range cfgs {
+		w := sglangsim.New(cfg)
 		addr := "127.0.0.1:0"
 		if ports != nil {
 			addr = fmt.Sprintf("127.0.0.1:%d", ports[i])

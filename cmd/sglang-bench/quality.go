@@ -239,7 +239,7 @@ func runSeed(ctx context.Context, caddy string, specs []armSpec, jobs []job, sen
 }
 
 func summarise(a *arm, name string, begin time.Time, polls0 []int64) armResult {
-	r := armResult{name: name, instances: a.instances(), requests: len(a.samples), share: make([]float64, len(workerScales))}
+	r := armResult{name: name, instances: a.instances(), requests: len(a.samples), share: make([]float64, len(a.fleet.polls))}
 	var ttft []float64
 	var ok []sample
 	var last time.Time
@@ -314,6 +314,7 @@ type seedResults struct {
 	seeds    []int64
 	policies []string
 	byPolicy [][]armResult
+	workers  []string // the fleet's worker labels; nil: the quality fleet's (workerLabels)
 }
 
 // runSeeds runs every seed (parallel of them at once) and gathers the results per policy.

@@ -182,7 +182,7 @@ func figuresTable(b *strings.Builder, sr seedResults, ms []metric) {
 	for _, m := range ms {
 		b.WriteString(" " + m.name + " |")
 	}
-	fmt.Fprintf(b, " failed (max) | share %s |\n|---|", strings.Join(workerLabels(), " / "))
+	fmt.Fprintf(b, " failed (max) | share %s |\n|---|", strings.Join(sr.labels(), " / "))
 	b.WriteString(strings.Repeat("---:|", len(ms)+1) + "---|\n")
 	for i, name := range sr.policies {
 		rs := sr.byPolicy[i]
@@ -201,8 +201,11 @@ func figuresTable(b *strings.Builder, sr seedResults, ms []metric) {
 
 // shares is the median share of each worker over seeds.
 func shares(rs []armResult) string {
-	out := make([]string, len(workerScales))
-	for w := range workerScales {
+	var out []string
+	if len(rs) > 0 {
+		out = make([]string, len(rs[0].share))
+	}
+	for w := range out {
 		v := make([]float64, len(rs))
 		for i, r := range rs {
 			v[i] = r.share[w]
@@ -349,26 +352,26 @@ func whyTables(b *strings.Builder, sr seedResults) {
 // bandTable is a table of the requests of each policy's band, pooled over seeds.
 func bandTable(b *strings.Builder, sr seedResults, of func(armResult) []sample) {
 	fmt.Fprintf(b, "| policy | n | long | streamed | on %s | latency s | queue s | prefill s | decode s |\n",
-		strings.Join(workerLabels(), " / "))
+		strings.Join(sr.labels(), " / "))
 	b.WriteString("|---|---:|---:|---:|---|---:|---:|---:|---:|\n")
 	for i, name := range sr.policies {
 		var t []sample
 		for _, r := range sr.byPolicy[i] {
 			t = append(t, of(r)...)
 		}
-		fmt.Fprintf(b, "| %s | %s |\n", name, describeBand(t))
+		fmt.Fprintf(b, "| %s | %s |\n", name, describeBand(t, len(sr.labels())))
 	}
 	b.WriteString("\n")
 }
 
-// describeBand is the table cells for a band of requests: what they were, where they went, and where
-// their time went (means).
-func describeBand(t []sample) string {
+// describeBand is the table cells for a band of requests: what they were, where they went (on a fleet
+// of workers), and where their time went (means).
+func describeBand(t []sample, workers int) string {
 	if len(t) == 0 {
 		return "0 | | | | | | |"
 	}
 	var long, streamed int
-	on := make([]int, len(workerScales))
+	on := make([]int, workers)
 	var lat, queue, prefill, decode []float64
 	for _, s := range t {
 		if s.long {
@@ -462,6 +465,14 @@ func instanceRatios(b *strings.Builder, sr seedResults, ms []metric) {
 		b.WriteString("\n")
 	}
 	b.WriteString("\n")
+}
+
+// labels is the fleet's worker labels, for the share columns: workers, or the quality fleet's.
+func (sr seedResults) labels() []string {
+	if sr.workers != nil {
+		return sr.workers
+	}
+	return workerLabels()
 }
 
 func workerLabels() []string {

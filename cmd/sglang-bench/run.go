@@ -83,6 +83,12 @@ func startArm(ctx context.Context, caddy string, p policy, n int, ports []int) (
 	if err != nil {
 		return nil, err
 	}
+	return startArmOn(ctx, caddy, p, n, f)
+}
+
+// startArmOn starts n Caddy instances (or n router instances) in front of the fleet f, and closes f
+// when they fail to start.
+func startArmOn(ctx context.Context, caddy string, p policy, n int, f *fleet) (*arm, error) {
 	a := &arm{policy: p, fleet: f, ideal: newIdealCache(),
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, DisableCompression: true}}}
 	if p.router != nil {
@@ -254,10 +260,17 @@ func (a *arm) send(ctx context.Context, j job, msgs []message, wantText bool) (s
 	}
 	defer resp.Body.Close()
 	s.worker = workerIndex(resp.Header.Get(sglangsim.HeaderWorker))
+	answer := s.readAnswer(resp, j.stream, wantText)
+	return s, answer
+}
+
+// readAnswer reads a response to a request sent at s.start: the worker's timings, the usage, TTFT when
+// stream, whether it succeeded; with wantText it returns the answer's text.
+func (s *sample) readAnswer(resp *http.Response, stream, wantText bool) string {
 	s.queue, _ = strconv.ParseFloat(resp.Header.Get(sglangsim.HeaderQueueTime), 64)
 	s.firstToken, _ = strconv.ParseFloat(resp.Header.Get(sglangsim.HeaderFirstTokenTime), 64)
 	var answer strings.Builder
-	if j.stream {
+	if stream {
 		// The simulator sends the first chunk when prefill ends: the first data line is the first token.
 		r := bufio.NewReader(resp.Body)
 		for {
@@ -281,7 +294,7 @@ func (a *arm) send(ctx context.Context, j job, msgs []message, wantText bool) (s
 			if err != nil {
 				if !errors.Is(err, io.EOF) {
 					s.failure = "reading the stream: " + err.Error()
-					return s, ""
+					return ""
 				}
 				break
 			}
@@ -290,7 +303,7 @@ func (a *arm) send(ctx context.Context, j job, msgs []message, wantText bool) (s
 		var c chatAnswer
 		if err := json.NewDecoder(resp.Body).Decode(&c); err != nil {
 			s.failure = fmt.Sprintf("status %d, body: %v", resp.StatusCode, err)
-			return s, ""
+			return ""
 		}
 		s.setUsage(c.Usage)
 		for _, ch := range c.Choices {
@@ -305,7 +318,7 @@ func (a *arm) send(ctx context.Context, j job, msgs []message, wantText bool) (s
 	if !s.ok {
 		s.failure = fmt.Sprintf("status %d", resp.StatusCode)
 	}
-	return s, answer.String()
+	return answer.String()
 }
 
 // target is where a job goes: a Caddy instance, or the worker an in-process router instance picks
