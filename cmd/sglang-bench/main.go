@@ -6,6 +6,9 @@
 //	-mode replicas  1 against 3 Caddy instances in front of one fleet, at the same total rate
 //	-mode affinity  prefix-sharing workloads: cache hit rate, TTFT and latency per policy, with
 //	                re-implementations of the SGLang gateway's cache_aware and prefix_hash
+//	-mode trace     a slice of a public production trace (Azure 2023 CSV, Mooncake JSONL) replayed at its
+//	                own arrival times through every policy, each with its own Caddy and a fleet of simulated
+//	                workers of the -fleet spec: latency, TTFT, throughput and prefix-cache hits
 //	-mode backend   a fast loopback backend for the proxy-overhead script: small answers, fresh loads
 //	-mode monitor   the load monitor polling 1,000 endpoints at 1s: its CPU, and whether one hung
 //	                endpoint delays the others' reports
@@ -24,6 +27,7 @@ import (
 	"os/signal"
 	"runtime/pprof"
 	"syscall"
+	"time"
 
 	"github.com/caddy-sglang/caddy-sglang/sglangsim"
 )
@@ -43,7 +47,7 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("sglang-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	mode := fs.String("mode", "quality", "quality, replicas, affinity, backend, monitor, overhead, port (prints a free loopback port), loadservers and backends (started by monitor and overhead)")
+	mode := fs.String("mode", "quality", "quality, replicas, affinity, trace, backend, monitor, overhead, port (prints a free loopback port), loadservers and backends (started by monitor and overhead)")
 	var q qualityOptions
 	fs.StringVar(&q.caddy, "caddy", "bin/caddy", "Caddy binary with the plugin")
 	fs.StringVar(&q.out, "out", "results", "results folder; a subfolder per date is created")
@@ -64,6 +68,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&af.questions, "questions", defaultSharedPrefix.questions, "affinity: questions per group of the shared-prefix and tools workloads (each group's first finds nothing cached, so more questions run longer past the start)")
 	fs.IntVar(&af.questionTokens, "question-tokens", 0, "affinity: tokens of each question of the shared-prefix and tools workloads (0: the shapes' 128)")
 	fs.StringVar(&af.option, "affinity-option", "auto", "affinity: run the lb_policy sglang_load { affinity prefix } row: on, off, or auto (when the binary accepts it)")
+	var tr traceOptions
+	fs.StringVar(&tr.path, "trace", "", "trace: the trace file, Azure 2023 CSV or Mooncake JSONL (e.g. ../shared/traces/mooncake_conversation_first_half.jsonl)")
+	from := fs.Duration("from", 0, "trace: where the slice starts, in trace time")
+	length := fs.Duration("length", 5*time.Minute, "trace: the slice's length, in trace time; 0: to the end")
+	traceSlices := fs.String("slices", "", "trace: several slices, a comma list of FROM+LENGTH (e.g. 0s+5m,10m+5m), replayed one after "+
+		"another, each through every row; the report gives medians and ranges over them as over seeds. Overrides -from and -length")
+	fs.Float64Var(&tr.speedup, "speedup", 1, "trace: send the slice this many times faster (arrival times divided by it)")
+	fleetSpec := fs.String("fleet", defaultTraceFleet, "trace: the simulated workers of every row, groups Nx(key=value,...) joined by +; keys "+
+		"pool (KV tokens), prefill and decode (tokens/s), batch (running requests), chunk (prefill batch tokens); unset keys take the simulator's defaults")
+	maxTokens := fs.String("max-tokens", "absent", "trace: what the clients send as max_tokens: exact (the traced output length), "+
+		"cap:N (N on every request), absent (none); every request also sends answer_tokens, the traced output length")
+	fs.DurationVar(&tr.timeout, "trace-timeout", requestTimeout, "trace: each request's timeout; a slice's run is bounded by its "+
+		"length ÷ -speedup, plus this, plus 2m for the rows to start")
 	addr := fs.String("addr", "127.0.0.1:0", "backend: listen address")
 	var m monitorOptions
 	fs.IntVar(&m.endpoints, "endpoints", 1000, "monitor: number of endpoints")
@@ -154,6 +171,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		af.qualityOptions = q
 		return runAffinity(ctx, af, stdout, stderr)
+	case "trace":
+		if err := tr.parse(*from, *length, *traceSlices, *fleetSpec, *maxTokens); err != nil {
+			return err
+		}
+		tr.qualityOptions = q
+		return runTrace(ctx, tr, stdout, stderr)
 	case "backend":
 		return runBackend(ctx, *addr, stdout)
 	case "monitor":
@@ -181,5 +204,5 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "backends":
 		return runLoadServers(ctx, m.endpoints, false, stdout)
 	}
-	return fmt.Errorf("unknown -mode %q: want quality, replicas, affinity, backend, monitor or overhead", *mode)
+	return fmt.Errorf("unknown -mode %q: want quality, replicas, affinity, trace, backend, monitor or overhead", *mode)
 }
