@@ -134,6 +134,8 @@ type prefixCache struct {
 	// gone holds the blocks evicted and not cached since, up to maxGone of them: a prompt that brings
 	// one back is prefilling what the cache once held.
 	gone map[uint64]struct{}
+	// host is the host-memory tier (Config.HostPoolTokens), where evicted blocks go; nil: none.
+	host *hostTier
 }
 
 // maxGone bounds the evicted blocks a cache remembers; past it, it forgets them all and starts again.
@@ -156,6 +158,13 @@ func (c *prefixCache) goneIn(blocks []block) int64 {
 		}
 	}
 	return n
+}
+
+// prefix returns how many leading blocks are cached in the pool, and how many after those the host
+// tier holds, without touching them.
+func (c *prefixCache) prefix(blocks []block) (inPool, inHost int) {
+	inPool = c.match(blocks)
+	return inPool, c.host.match(blocks[inPool:])
 }
 
 // match returns how many leading blocks are cached, without touching them.
@@ -202,6 +211,7 @@ func (c *prefixCache) insert(b block) *cacheEntry {
 	e := &cacheEntry{hash: b.hash, tokens: b.tokens, refs: 1}
 	c.entries[b.hash] = e
 	delete(c.gone, b.hash)
+	c.host.take(b.hash) // a block is in one tier at a time
 	c.pinned += e.tokens
 	return e
 }
@@ -233,19 +243,98 @@ func (c *prefixCache) unpin(pins []*cacheEntry) {
 }
 
 // evict drops least recently used evictable entries until at least n tokens are freed or none is left.
+// They go to the host tier, if there is one, and what it has no room for is gone.
 func (c *prefixCache) evict(n int64) {
 	for n > 0 && c.evictable > 0 {
 		e := c.lru.prev
 		e.prev.next, e.next.prev = e.next, e.prev
 		delete(c.entries, e.hash)
-		if len(c.gone) >= maxGone {
-			clear(c.gone)
-		}
-		c.gone[e.hash] = struct{}{}
 		c.evictable -= e.tokens
 		c.evicted += e.tokens
 		n -= e.tokens
+		e.prev, e.next = nil, nil
+		if c.host != nil {
+			c.host.put(e, c.forget)
+		} else {
+			c.forget(e)
+		}
 	}
+}
+
+// forget notes a block that left the last tier: a prompt that brings it back prefills it again.
+func (c *prefixCache) forget(e *cacheEntry) {
+	if len(c.gone) >= maxGone {
+		clear(c.gone)
+	}
+	c.gone[e.hash] = struct{}{}
+}
+
+// hostTier is a rank's host-memory tier of the prefix cache, as SGLang's hierarchical cache keeps in
+// host memory: the blocks evicted from the KV pool, least recently evicted first out when it is
+// full. A block in it is in no other tier: loading it back moves it to the pool.
+type hostTier struct {
+	capacity, tokens int64
+	entries          map[uint64]*cacheEntry
+	lru              cacheEntry // sentinel: lru.next is the latest block in
+}
+
+func newHostTier(capacity int64) *hostTier {
+	h := &hostTier{capacity: capacity, entries: make(map[uint64]*cacheEntry)}
+	h.lru.next, h.lru.prev = &h.lru, &h.lru
+	return h
+}
+
+// put takes an evicted block, dropping the oldest ones to gone while it holds more than its capacity.
+func (h *hostTier) put(e *cacheEntry, gone func(*cacheEntry)) {
+	e.refs = 0
+	e.prev, e.next = &h.lru, h.lru.next
+	h.lru.next.prev = e
+	h.lru.next = e
+	h.entries[e.hash] = e
+	h.tokens += e.tokens
+	for h.tokens > h.capacity {
+		old := h.lru.prev
+		h.unlink(old)
+		gone(old)
+	}
+}
+
+func (h *hostTier) unlink(e *cacheEntry) {
+	e.prev.next, e.next.prev = e.next, e.prev
+	e.prev, e.next = nil, nil
+	delete(h.entries, e.hash)
+	h.tokens -= e.tokens
+}
+
+// match returns how many leading blocks the tier holds, without touching them.
+func (h *hostTier) match(blocks []block) int {
+	if h == nil {
+		return 0
+	}
+	for i, b := range blocks {
+		if h.entries[b.hash] == nil {
+			return i
+		}
+	}
+	return len(blocks)
+}
+
+// take removes a block from the tier, if it is there.
+func (h *hostTier) take(hash uint64) {
+	if h == nil {
+		return
+	}
+	if e := h.entries[hash]; e != nil {
+		h.unlink(e)
+	}
+}
+
+// size is the tokens the tier holds.
+func (h *hostTier) size() int64 {
+	if h == nil {
+		return 0
+	}
+	return h.tokens
 }
 
 func (c *prefixCache) tokens() int64 { return c.pinned + c.evictable }

@@ -422,7 +422,18 @@ func TestStreamingCompletionsAndCachedUsage(t *testing.T) {
 // Under a random mix of shared prefixes, sizes, aborts and eviction, the pool's books balance at every
 // step, no cached block counts as evicted, and a drained worker holds nothing.
 func TestPrefixCacheAccounting(t *testing.T) {
-	w, start := handDriven(t, Config{MaxTotalTokens: 3000, PrefillTokensPerSec: 20000, DecodeTokensPerSec: 500, MaxRunningRequests: 8, FinishEarly: 0.3})
+	linear := Config{MaxTotalTokens: 3000, PrefillTokensPerSec: 20000, DecodeTokensPerSec: 500, MaxRunningRequests: 8, FinishEarly: 0.3}
+	step := linear
+	step.Timing, step.HostPoolTokens, step.Speed = TimingStep, 1500, 10
+	admission := step
+	admission.SGLangAdmission, admission.MixedChunk = true, true
+	for name, cfg := range map[string]Config{"linear": linear, "step, host tier": step, "step, host tier, SGLang admission, mixed": admission} {
+		t.Run(name, func(t *testing.T) { prefixCacheAccounting(t, cfg) })
+	}
+}
+
+func prefixCacheAccounting(t *testing.T, cfg Config) {
+	w, start := handDriven(t, cfg)
 	w.mu.Unlock() // each step below takes the lock; looping stays set, so the clock loop stays out
 	rng := rand.New(rand.NewPCG(1, 2))
 	prefixes := []string{strings.Repeat("a", 900), strings.Repeat("b", 2000), strings.Repeat("c", 300)}
@@ -451,6 +462,23 @@ func TestPrefixCacheAccounting(t *testing.T) {
 			rk.private < 0 || rk.used()+rk.cache.evictable > 3000 {
 			t.Fatalf("%s: private %d/%d pinned %d/%d evictable %d/%d listed %d", at, private, rk.private, pinned,
 				rk.cache.pinned, evictable, rk.cache.evictable, listed)
+		}
+		// The host tier holds what its list holds, within its size, and no block is in two places.
+		if h := rk.cache.host; h != nil {
+			var hosted int64
+			listed := 0
+			for e := h.lru.next; e != &h.lru; e = e.next {
+				hosted += e.tokens
+				listed++
+				_, gone := rk.cache.gone[e.hash]
+				if h.entries[e.hash] != e || rk.cache.entries[e.hash] != nil || gone {
+					t.Fatalf("%s: host block %x also in the pool or gone, or not indexed", at, e.hash)
+				}
+			}
+			if hosted != h.tokens || listed != len(h.entries) || h.tokens > h.capacity {
+				t.Fatalf("%s: host tier lists %d tokens in %d blocks, counts %d in %d, holds at most %d", at, hosted, listed,
+					h.tokens, len(h.entries), h.capacity)
+			}
 		}
 	}
 	var reqs []*request
@@ -491,6 +519,9 @@ func TestPrefixCacheAccounting(t *testing.T) {
 	if !w.idleLocked() || rk.used() != 0 || rk.cache.pinned != 0 || rk.cachedTokens == 0 || rk.cache.evictable == 0 {
 		t.Fatalf("drained: used %d pinned %d cached %d evictable %d", rk.used(), rk.cache.pinned, rk.cachedTokens, rk.cache.evictable)
 	}
+	if cfg.HostPoolTokens > 0 && (rk.hostLoaded == 0 || rk.cache.host.size() == 0) {
+		t.Fatalf("the host tier was never used: loaded %d, holds %d", rk.hostLoaded, rk.cache.host.size())
+	}
 	w.looping = false
 }
 
@@ -505,5 +536,105 @@ func BenchmarkPlan(b *testing.B) {
 				w.plan(chatKey(text), 2048, 256, -1, -1, 0)
 			}
 		})
+	}
+}
+
+// The host tier keeps what it is given, least recently given out first when full, and gives a block
+// back once: it is then in the pool.
+func TestHostTierLRU(t *testing.T) {
+	h := newHostTier(48)
+	var gone []uint64
+	forget := func(e *cacheEntry) { gone = append(gone, e.hash) }
+	blocks := make([]block, 4)
+	for i := range blocks {
+		blocks[i] = block{hash: uint64(100 + i), tokens: 16}
+	}
+	// Evicted deepest first, as the pool evicts a prompt: 3, 2, 1, 0. The tier holds three.
+	for i := 3; i >= 0; i-- {
+		h.put(&cacheEntry{hash: blocks[i].hash, tokens: 16}, forget)
+	}
+	if h.size() != 48 || len(gone) != 1 || gone[0] != 103 {
+		t.Fatalf("holds %d tokens, gone %v; want 48, the deepest block gone", h.size(), gone)
+	}
+	if n := h.match(blocks); n != 3 {
+		t.Fatalf("matches %d leading blocks, want 3", n)
+	}
+	h.take(101)
+	if n := h.match(blocks); n != 1 || h.size() != 32 {
+		t.Fatalf("after taking block 1: matches %d, holds %d", n, h.size())
+	}
+	var none *hostTier
+	if none.match(blocks) != 0 || none.size() != 0 {
+		t.Fatal("no tier matches nothing")
+	}
+}
+
+// A prompt evicted from the pool to the host tier comes back from it: its tokens load at
+// HostLoadTokensPerSec beside the prefill of the rest, count as cached, and the tier keeps only
+// the most recently evicted blocks it has room for.
+func TestHostTierHits(t *testing.T) {
+	a := []byte(strings.Repeat("a", 32000)) // 8000 tokens: 499 whole blocks before its last token
+	b := []byte(strings.Repeat("b", 39960)) // 9990 tokens: evicts all of a from a pool of 10000
+	cases := []struct {
+		host       int64
+		loaded     int64 // of a's 7984 cacheable tokens, the ones the tier gives back
+		firstToken float64
+	}{
+		{0, 0, prefillPass(8000, 0)}, // no tier: a cold prefill
+		{20000, 7984, 7984 / hostTPS},
+		// Room for 250 blocks: the shallowest, evicted last; the rest is prefilled after them.
+		{4000, 4000, prefillPass(4000, 4000)},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("host %d", c.host), func(t *testing.T) {
+			w, start := handDriven(t, Config{Timing: TimingStep, MaxTotalTokens: 10000, HostPoolTokens: c.host})
+			defer handBack(w)
+			clk := &clock{w, start}
+			run := func(text []byte) *request {
+				t.Helper()
+				r := queueByHand(w, w.plan(textKey(text), promptTokens(len(text)), 1, 0, -1, 0), clk.now)
+				w.admit(w.ranks[0], clk.now)
+				for r.state != stateDone {
+					clk.to(clk.now.Add(tickEvery))
+				}
+				return r
+			}
+			run(a)
+			run(b)
+			if l := w.loadsLocked(clk.now)[0]; l.HostCacheTokens != min(c.host, 8000) {
+				t.Fatalf("the tier holds %d tokens, want %d", l.HostCacheTokens, min(c.host, 8000))
+			}
+			again := run(a)
+			rk := w.ranks[0]
+			if again.cached != c.loaded || rk.hostLoaded != c.loaded {
+				t.Fatalf("cached %d, loaded %d; want %d", again.cached, rk.hostLoaded, c.loaded)
+			}
+			near(t, "first token", again.firstToken, again.admitted.Add(time.Duration(c.firstToken*float64(time.Second))))
+			if rk.againTokens != 7984-c.loaded {
+				t.Errorf("%d tokens prefilled again after eviction, want %d", rk.againTokens, 7984-c.loaded)
+			}
+		})
+	}
+}
+
+// Over HTTP, tokens loaded back from the host tier are reported as cached, in the answer and in
+// cache_hit_rate.
+func TestHostTierCachedTokens(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxTotalTokens = 1000
+	cfg.HostPoolTokens = 1000
+	w, base := startWorker(t, cfg)
+	a, b := strings.Repeat("a", 2000), strings.Repeat("b", 3600) // 500 and 900 tokens
+	ask := func(text string) int64 {
+		return postGenerate(t, base, map[string]any{"text": text, "sampling_params": map[string]any{"max_new_tokens": 1}}).MetaInfo.CachedTokens
+	}
+	ask(a)
+	ask(b) // a's blocks go to the host tier
+	eventually(t, "b released", func() bool { return w.Loads()[0].UsedTokens == 0 })
+	if got := ask(a); got != 496 {
+		t.Fatalf("a again: %d tokens cached, want its 496 from the host tier", got)
+	}
+	if l := loads(t, base); l.CacheHitRate != round(496.0/1900, 4) {
+		t.Fatalf("cache_hit_rate %v, want %v", l.CacheHitRate, round(496.0/1900, 4))
 	}
 }

@@ -1,5 +1,10 @@
 package sglangsim
 
+import (
+	"fmt"
+	"math"
+)
+
 // Config describes one simulated worker. Zero values take the defaults noted on each field.
 type Config struct {
 	// Name identifies the worker in responses (header X-Sglang-Sim-Worker) and stats. Default "sim".
@@ -43,6 +48,83 @@ type Config struct {
 	APIKey string
 	// Version is reported as the SGLang version. Default "0.5.0-sim".
 	Version string
+
+	// Timing selects the timing model: TimingLinear (the default) or TimingStep, SGLang's scheduler
+	// step by step (step.go). The Step fields, Speed, ChunkedPrefillSize and MixedChunk apply to
+	// TimingStep only; DecodeTokensPerSec and PrefillTokensPerSec to TimingLinear only.
+	Timing Timing
+	// StepBaseSec is the fixed time of every forward pass, in seconds: reading the model's weights
+	// once. Default 0.006 (Llama-3.1-8B-Instruct on one H100 80GB; docs/simulator.md).
+	StepBaseSec float64
+	// StepPrefillTokenSec is the time of each prompt token a forward pass prefills, in seconds
+	// (the linear layers). Default 30e-6.
+	StepPrefillTokenSec float64
+	// StepAttentionSec is the attention time of one prefilled token per token of context it attends
+	// to, in seconds: a chunk of c tokens after s tokens already in the KV cache costs
+	// c × (s + c/2) × StepAttentionSec. Default 1e-9.
+	StepAttentionSec float64
+	// StepDecodeRequestSec is the time each decoding request adds to a forward pass, in seconds.
+	// Default 20e-6.
+	StepDecodeRequestSec float64
+	// StepKVTokenSec is the time of reading one token of KV cache in a decode step, in seconds: each
+	// decoding request reads its whole context. Default 49e-9 (128 KiB a token at 2.7 TB/s).
+	StepKVTokenSec float64
+	// Speed divides every step's compute time: a worker of Speed 2 is a GPU twice as fast. It does not
+	// change HostLoadTokensPerSec, which the host's link bounds. Default 1.
+	Speed float64
+	// ChunkedPrefillSize is how many prompt tokens one forward pass prefills at most, as SGLang's
+	// --chunked-prefill-size: a longer prompt is prefilled over several steps. The step also takes no
+	// more than MaxPrefillTokens. Default 8192 (SGLang's on an 80 GB GPU).
+	ChunkedPrefillSize int64
+	// MixedChunk runs the decode batch in the same forward pass as a prefill chunk, as SGLang's
+	// --enable-mixed-chunk; the chunk then takes one token less per decoding request. Off by default,
+	// as in SGLang: a step prefills while any admitted request waits to, and decoding stalls meanwhile.
+	MixedChunk bool
+
+	// HostPoolTokens is the size of each DP rank's host-memory tier of the prefix cache, in tokens, as
+	// SGLang's --enable-hierarchical-cache: blocks evicted from the KV pool move there (least recently
+	// used first out when it is full), and a prompt that finds its prefix there loads it back rather
+	// than prefilling it; such tokens count as cached. It holds only blocks not in the KV pool, so
+	// SGLang's default --hicache-ratio 2 is about HostPoolTokens = MaxTotalTokens. Default 0: off.
+	HostPoolTokens int64
+	// HostLoadTokensPerSec is how fast a prefix loads back from the host tier, in tokens/s. Default
+	// 190000: 25 GB/s over PCIe at 128 KiB a token.
+	HostLoadTokensPerSec float64
+}
+
+// Timing is a worker's timing model.
+type Timing uint8
+
+const (
+	// TimingLinear runs prefill as one FIFO stream per rank at PrefillTokensPerSec and decodes every
+	// request at once at a speed that falls with the batch (model.go).
+	TimingLinear Timing = iota
+	// TimingStep runs SGLang's scheduler loop: forward passes one after another, each prefilling a
+	// chunk or decoding a token of every running request, timed by the Step fields (step.go).
+	TimingStep
+)
+
+func (t Timing) String() string {
+	if t == TimingStep {
+		return "step"
+	}
+	return "linear"
+}
+
+// MarshalText writes the timing's name.
+func (t Timing) MarshalText() ([]byte, error) { return []byte(t.String()), nil }
+
+// UnmarshalText reads "linear" or "step".
+func (t *Timing) UnmarshalText(b []byte) error {
+	switch string(b) {
+	case "linear":
+		*t = TimingLinear
+	case "step":
+		*t = TimingStep
+	default:
+		return fmt.Errorf("unknown timing %q: want linear or step", b)
+	}
+	return nil
 }
 
 // decodeSpeed is each request's decode speed, in tokens/s, in a batch of batch decoding requests.
@@ -77,6 +159,27 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Version == "" {
 		c.Version = "0.5.0-sim"
+	}
+	if c.Timing != TimingStep {
+		c.Timing = TimingLinear
+	}
+	def := func(v *float64, d float64) {
+		if !(*v > 0) || math.IsInf(*v, 1) {
+			*v = d
+		}
+	}
+	def(&c.StepBaseSec, defaultStepBaseSec)
+	def(&c.StepPrefillTokenSec, defaultStepPrefillTokenSec)
+	def(&c.StepAttentionSec, defaultStepAttentionSec)
+	def(&c.StepDecodeRequestSec, defaultStepDecodeRequestSec)
+	def(&c.StepKVTokenSec, defaultStepKVTokenSec)
+	def(&c.Speed, 1)
+	def(&c.HostLoadTokensPerSec, defaultHostLoadTokensPerSec)
+	if c.ChunkedPrefillSize <= 0 {
+		c.ChunkedPrefillSize = 8192
+	}
+	if c.HostPoolTokens < 0 {
+		c.HostPoolTokens = 0
 	}
 	return c
 }

@@ -25,18 +25,25 @@ import (
 //     used + evictable cached tokens <= MaxTotalTokens always. Blocks nobody holds are evictable and
 //     go least recently used first when an admission needs room. num_used_tokens and token_usage
 //     count used tokens only, as SGLang's do.
+//   - With HostPoolTokens, a host-memory tier below the pool (cache.go): evicted blocks move there,
+//     and a prompt whose prefix continues there past the pool's blocks loads those blocks back at
+//     HostLoadTokensPerSec before it prefills the rest; they count as cached (cache_hit_rate, the
+//     response's cached_tokens), as SGLang's hierarchical cache reports them.
 //   - A running batch of at most MaxRunningRequests and a FIFO waiting queue. The head of the queue is
 //     admitted as soon as both the pool and the batch have room; nothing overtakes it. A queued
 //     request's uncached tokens (num_waiting_uncached_tokens) are matched against the cache when it
 //     arrives; admission matches again and prefills what is uncached then.
-//   - Prefill is one FIFO stream per rank at PrefillTokensPerSec over uncached prompt tokens only: a
+//   - Time, with TimingLinear (the default; TimingStep runs SGLang's forward passes instead, step.go):
+//     prefill is one FIFO stream per rank at PrefillTokensPerSec over uncached prompt tokens only: a
 //     long queue of prompts delays every request behind it, which is why queued uncached tokens predict
 //     queueing delay. total_prefill_uncached_tokens and total_prefill_busy_us count that stream's work
-//     and busy time, so their ratio between two polls is PrefillTokensPerSec. Prefill yields an output
-//     token: the first, or a retracted request's next. The admitted requests behind MaxPrefillTokens of
-//     prefill work are reported as SGLang reports the requests its prefill batch has not taken:
+//     and busy time, so their ratio between two polls is PrefillTokensPerSec (less while it loads
+//     prefixes from the host tier, which keeps it busy). Prefill yields an output token: the first, or a
+//     retracted request's next. The admitted requests behind MaxPrefillTokens of prefill work (with
+//     TimingStep, a pass's prefill batch) are reported as SGLang reports the requests its prefill batch
+//     has not taken:
 //     waiting, their uncached tokens queued, their reservations not used.
-//   - Decode: each request in a batch of n decoding requests gains
+//     Decode: each request in a batch of n decoding requests gains
 //     DecodeTokensPerSec / (1 + (n-1)/16) tokens per second, so a lone request decodes at
 //     DecodeTokensPerSec and the rank's total throughput saturates near 16 × DecodeTokensPerSec.
 //   - An answer has max_tokens tokens, or with FinishEarly a length drawn from a hash of the request's
@@ -92,6 +99,7 @@ type request struct {
 
 	state        reqState
 	prefillLeft  float64 // prompt tokens still to prefill
+	loadLeft     float64 // prompt tokens still to load back from the host tier, before prefilling
 	gen          float64 // output tokens generated, fractional
 	waitUncached int64   // its share of num_waiting_uncached_tokens while queued
 	waitPrompt   int64   // its share of the queued prompt tokens while queued
@@ -143,8 +151,10 @@ type rank struct {
 
 	promptTokens, cachedTokens int64   // over admitted requests
 	againTokens                int64   // of their uncached prompt tokens, the ones the cache held once and evicted
+	hostLoaded                 int64   // prompt tokens loaded back from the host tier
 	prefilled, prefillBusy     float64 // tokens prefilled, seconds the prefill stream was busy
 	win                        window
+	pass                       passPlan // the forward pass in flight (TimingStep)
 }
 
 // used is num_used_tokens: what running requests hold.
@@ -227,6 +237,9 @@ func New(cfg Config) *Worker {
 	w.ranks = make([]*rank, w.cfg.DPRanks)
 	for i := range w.ranks {
 		w.ranks[i] = &rank{id: i, newTokenRatio: initNewTokenRatio}
+		if w.cfg.HostPoolTokens > 0 {
+			w.ranks[i].cache.host = newHostTier(w.cfg.HostPoolTokens)
+		}
 	}
 	w.handler = w.routes()
 	return w
@@ -310,7 +323,8 @@ func (rk *rank) requeue(r *request) {
 // counted adds queued r to the rank's queued tokens.
 func (rk *rank) counted(r *request) {
 	r.waitPrompt = r.extend(0)
-	r.waitUncached = r.extend(prefixTokens(r.blocks[:rk.cache.match(r.blocks)]))
+	inPool, inHost := rk.cache.prefix(r.blocks)
+	r.waitUncached = r.extend(prefixTokens(r.blocks[:inPool+inHost]))
 	rk.waitingPrompt += r.waitPrompt
 	rk.waitingUncached += r.waitUncached
 }
@@ -413,6 +427,10 @@ func (w *Worker) step(now time.Time) {
 }
 
 func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64) {
+	if w.cfg.Timing == TimingStep {
+		w.runSteps(rk, now, at, dt)
+		return
+	}
 	if len(rk.running) == 0 {
 		rk.newTokenRatio = initNewTokenRatio // idle: SGLang starts its guess again
 		w.admit(rk, now)
@@ -434,52 +452,104 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 	if decoding > 0 {
 		speed = w.cfg.decodeSpeed(decoding)
 	}
-	budget := dt * w.cfg.PrefillTokensPerSec
-	var produced int64
-	var prefilled float64
-	// emit records r's output reaching gen tokens, within the room left.
-	emit := func(r *request, gen float64) {
-		if room >= 0 {
-			gen = math.Min(gen, float64(r.emitted.Load()+room))
-		}
-		r.gen = gen
-		if e, old := int64(r.gen), r.emitted.Load(); e > old {
-			r.emitted.Store(e)
-			produced += e - old
-			w.grow(rk, r, e-old)
-			if room >= 0 {
-				room -= e - old
-			}
-			r.poke()
-		}
-	}
-	kept := rk.running[:0]
+	prefillSpeed := w.cfg.PrefillTokensPerSec
+	budget := dt * prefillSpeed
+	var prefilled, loading float64 // tokens prefilled, seconds loading from the host tier
+	em := &emitter{w: w, rk: rk, room: room}
 	for _, r := range rk.running {
 		switch r.state {
 		case statePrefill:
+			if r.loadLeft > 0 { // the stream loads a prefix back from the host tier first
+				secs := math.Min(budget/prefillSpeed, r.loadLeft/w.cfg.HostLoadTokensPerSec)
+				if r.loadLeft -= secs * w.cfg.HostLoadTokensPerSec; r.loadLeft < 1e-9 {
+					r.loadLeft = 0
+				}
+				budget -= secs * prefillSpeed
+				loading += secs
+				if r.loadLeft > 0 {
+					continue
+				}
+			}
 			use := math.Min(budget, r.prefillLeft)
 			r.prefillLeft -= use
 			budget -= use
 			prefilled += use
 			if r.prefillLeft <= 0 {
-				rk.hold(r, r.blocks[len(r.pins):])
-				r.state = stateDecode
-				first := r.firstToken.IsZero()
-				if first {
-					r.firstToken = now
-				}
-				// Prefill yields a token: the first, or, back from a retraction, the next one.
-				if next := r.emitted.Load() + 1; next <= r.output {
-					emit(r, float64(next))
-				}
-				if first {
-					close(r.started)
-					r.poke()
-				}
+				w.prefilled(rk, r, now, em)
 			}
 		case stateDecode:
-			emit(r, math.Min(r.gen+speed*dt, float64(r.output)))
+			em.to(r, math.Min(r.gen+speed*dt, float64(r.output)))
 		}
+	}
+	w.finishDone(rk, now)
+	if decoding > 0 && retracted == 0 {
+		rk.decayNewTokenRatio(speed * dt)
+	}
+	w.fitPool(rk) // decoding allocated KV (SGLangAdmission)
+	rk.prefilled += prefilled
+	rk.prefillBusy += prefilled/prefillSpeed + loading
+	rk.win.add(at, float64(em.produced), dt, retracted)
+	w.admit(rk, now)
+}
+
+// emitter records the output tokens requests of a rank generate in one step, within the KV room the
+// pool has left for them (room < 0: no bound), and counts them.
+type emitter struct {
+	w        *Worker
+	rk       *rank
+	room     int64
+	produced int64
+}
+
+// emitter returns an emitter with the room the rank's pool has now.
+func (w *Worker) emitter(rk *rank) *emitter {
+	room := int64(-1)
+	if w.cfg.SGLangAdmission {
+		room = max(w.cfg.MaxTotalTokens-rk.used(), 0)
+	}
+	return &emitter{w: w, rk: rk, room: room}
+}
+
+// to records r's output reaching gen tokens, within the room left.
+func (e *emitter) to(r *request, gen float64) {
+	if e.room >= 0 {
+		gen = math.Min(gen, float64(r.emitted.Load()+e.room))
+	}
+	r.gen = gen
+	if n, old := int64(r.gen), r.emitted.Load(); n > old {
+		r.emitted.Store(n)
+		e.produced += n - old
+		e.w.grow(e.rk, r, n-old)
+		if e.room >= 0 {
+			e.room -= n - old
+		}
+		r.poke()
+	}
+}
+
+// prefilled moves r, whose prefill ended at now, to decoding: its prompt's blocks are cached, and the
+// prefill yields a token: the first, or, back from a retraction, the next one.
+func (w *Worker) prefilled(rk *rank, r *request, now time.Time, em *emitter) {
+	rk.hold(r, r.blocks[len(r.pins):])
+	r.state = stateDecode
+	first := r.firstToken.IsZero()
+	if first {
+		r.firstToken = now
+	}
+	if next := r.emitted.Load() + 1; next <= r.output {
+		em.to(r, float64(next))
+	}
+	if first {
+		close(r.started)
+		r.poke()
+	}
+}
+
+// finishDone ends the running requests that have all their output, at now: their answer's blocks are
+// cached and their KV released.
+func (w *Worker) finishDone(rk *rank, now time.Time) {
+	kept := rk.running[:0]
+	for _, r := range rk.running {
 		if r.state == stateDecode && r.emitted.Load() >= r.output {
 			rk.hold(r, r.answer)
 			rk.release(r)
@@ -492,14 +562,6 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 	}
 	clear(rk.running[len(kept):])
 	rk.running = kept
-	if decoding > 0 && retracted == 0 {
-		rk.decayNewTokenRatio(speed * dt)
-	}
-	w.fitPool(rk) // decoding allocated KV (SGLangAdmission)
-	rk.prefilled += prefilled
-	rk.prefillBusy += prefilled / w.cfg.PrefillTokensPerSec
-	rk.win.add(at, float64(produced), dt, retracted)
-	w.admit(rk, now)
 }
 
 // admit moves requests from the head of the queue into the batch while the pool and the cap allow,
@@ -507,8 +569,10 @@ func (w *Worker) stepRank(rk *rank, now time.Time, at time.Duration, dt float64)
 func (w *Worker) admit(rk *rank, now time.Time) {
 	for len(rk.waiting) > 0 && len(rk.running) < w.cfg.MaxRunningRequests {
 		r := rk.waiting[0]
-		hit := r.blocks[:rk.cache.match(r.blocks)]
+		inPool, inHost := rk.cache.prefix(r.blocks)
+		hit, fromHost := r.blocks[:inPool], r.blocks[inPool:inPool+inHost]
 		cached := prefixTokens(hit)
+		// The blocks from the host tier need room in the pool, as the uncached rest does.
 		private, ok := w.admission(rk, r, hit, cached)
 		if !ok {
 			return
@@ -520,13 +584,18 @@ func (w *Worker) admit(rk *rank, now time.Time) {
 		r.pins = rk.cache.pin(hit, len(r.blocks)+len(r.answer))
 		r.private = private
 		rk.private += private
+		// They move to the pool now, held by r, and count as cached; r loads them before it prefills.
+		rk.hold(r, fromHost)
+		loaded := prefixTokens(fromHost)
+		rk.hostLoaded += loaded
+		cached += loaded
 		w.fitPool(rk)
-		r.state, r.prefillLeft = statePrefill, float64(r.extend(cached))
+		r.state, r.prefillLeft, r.loadLeft = statePrefill, float64(r.extend(cached)), float64(loaded)
 		if r.admitted.IsZero() { // a retracted request is counted once, when first admitted
 			r.cached, r.admitted = cached, now
 			rk.promptTokens += r.prompt
 			rk.cachedTokens += cached
-			rk.againTokens += rk.cache.goneIn(r.blocks[len(hit):])
+			rk.againTokens += rk.cache.goneIn(r.blocks[inPool+inHost:])
 		}
 		rk.running = append(rk.running, r)
 	}
@@ -551,6 +620,7 @@ type RankLoad struct {
 	Utilization           float64 // fraction of the last second with a non-empty batch, 4 decimals
 	Retracted             int64   // queues.retracted: requests retracted over the last second (SGLangAdmission)
 	CacheTokens           int64   // tokens in the prefix cache, held or evictable (not on the wire)
+	HostCacheTokens       int64   // tokens in the prefix cache's host tier (not on the wire)
 	PrefillUncachedTokens int64   // total_prefill_uncached_tokens: prompt tokens prefilled since start
 	PrefillBusyMicros     int64   // total_prefill_busy_us: microseconds the prefill stream was busy
 }
@@ -567,7 +637,7 @@ func (w *Worker) loadsLocked(now time.Time) []RankLoad {
 	out := make([]RankLoad, len(w.ranks))
 	for i, rk := range w.ranks {
 		tput, busy, retracted := rk.win.rates(at)
-		q := rk.prefillQueue(w.cfg.MaxPrefillTokens)
+		q := rk.prefillQueue(w.cfg.prefillBatch())
 		used := rk.used() - q.private
 		var hitRate float64
 		if rk.promptTokens > 0 {
@@ -588,6 +658,7 @@ func (w *Worker) loadsLocked(now time.Time) []RankLoad {
 			Utilization:           round(busy, 4),
 			Retracted:             retracted,
 			CacheTokens:           rk.cache.tokens(),
+			HostCacheTokens:       rk.cache.host.size(),
 			PrefillUncachedTokens: int64(math.Round(rk.prefilled)),
 			PrefillBusyMicros:     int64(math.Round(rk.prefillBusy * 1e6)),
 		}
@@ -648,7 +719,10 @@ type Stats struct {
 	// Retracted counts the requests taken out of the running batch to be prefilled again later, over
 	// all ranks; only with SGLangAdmission.
 	Retracted int64
-	Loads     []RankLoad
+	// HostLoadedTokens are the prompt tokens of admitted requests loaded back from the host tier
+	// (HostPoolTokens), over all ranks; they count in CachedTokens.
+	HostLoadedTokens int64
+	Loads            []RankLoad
 }
 
 // Stats returns the worker's counters and current loads.
@@ -664,6 +738,7 @@ func (w *Worker) Stats() Stats {
 		s.EvictedTokens += rk.cache.evicted
 		s.PrefilledAgainTokens += rk.againTokens
 		s.Retracted += rk.retracted
+		s.HostLoadedTokens += rk.hostLoaded
 	}
 	s.PeakTokenUsage = round(float64(s.PeakUsedTokens)/float64(w.cfg.MaxTotalTokens), 4)
 	return s
