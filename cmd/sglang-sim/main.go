@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"math"
 	"net"
 	"os"
 	"os/signal"
@@ -42,6 +43,15 @@ type options struct {
 	prefixCache, prefillCounters  bool
 	finishEarly                   float64
 	sglangAdmission               bool
+	timing                        sglangsim.Timing
+	stepBase, stepPrefillToken    float64
+	stepAttention, stepDecodeReq  float64
+	stepKVToken                   float64
+	speeds                        []float64
+	chunkedPrefill                int64
+	mixedChunk                    bool
+	hostPool                      int64
+	hostLoadSpeed                 float64
 	apiKey, listen, version       string
 	allowRemote                   bool
 	statsEvery, shutdownTimeout   time.Duration
@@ -68,6 +78,19 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.BoolVar(&o.prefixCache, "prefix-cache", true, "keep a prefix cache per DP rank (16-token blocks, LRU); -prefix-cache=false prefills every prompt token")
 	fs.BoolVar(&o.prefillCounters, "prefill-counters", true, "send total_prefill_uncached_tokens and total_prefill_busy_us in /v1/loads; false acts as an older SGLang")
 	fs.BoolVar(&o.sglangAdmission, "sglang-admission", true, "admit as SGLang does: KV allocated as decoded, admission on a guess of the output to come, requests retracted when it was wrong; -sglang-admission=false: each request reserves its prompt and whole max_tokens")
+	fs.TextVar(&o.timing, "timing", sglangsim.TimingLinear, "timing model: linear (prefill a FIFO stream at -prefill-speed, decode at -decode-speed shared by the batch) "+
+		"or step (SGLang's forward passes: a prefill chunk or a decode token per running request each, timed by the -step-* costs, "+
+		"defaults Llama-3.1-8B-Instruct on one H100 80GB)")
+	fs.Float64Var(&o.stepBase, "step-base", 0, "step timing: seconds every forward pass takes (0: 0.006)")
+	fs.Float64Var(&o.stepPrefillToken, "step-prefill-token", 0, "step timing: seconds per prompt token a pass prefills (0: 30e-6)")
+	fs.Float64Var(&o.stepAttention, "step-attention", 0, "step timing: seconds per prefilled token per token of context it attends to (0: 1e-9)")
+	fs.Float64Var(&o.stepDecodeReq, "step-decode-request", 0, "step timing: seconds each decoding request adds to a pass (0: 20e-6)")
+	fs.Float64Var(&o.stepKVToken, "step-kv-token", 0, "step timing: seconds per KV token a decoding request reads (0: 49e-9)")
+	speed := fs.String("speed", "1", "step timing: comma list of GPU speed factors per worker, cycled; a worker of speed 2 runs each pass in half the time")
+	fs.Int64Var(&o.chunkedPrefill, "chunked-prefill-size", 8192, "step timing: prompt tokens one pass prefills at most, as SGLang's --chunked-prefill-size")
+	fs.BoolVar(&o.mixedChunk, "mixed-chunk", false, "step timing: decode in the same pass as a prefill chunk, as SGLang's --enable-mixed-chunk; by default a prefill pass stalls decoding")
+	fs.Int64Var(&o.hostPool, "host-pool", 0, "host-memory tier of the prefix cache per DP rank, in tokens, as SGLang's --enable-hierarchical-cache: evicted blocks go there and load back rather than prefill (SGLang's default --hicache-ratio 2 is about one -capacity); 0 disables")
+	fs.Float64Var(&o.hostLoadSpeed, "host-load-speed", 190000, "tokens/s a prefix loads back from the host tier (25 GB/s over PCIe at 128 KiB a token)")
 	fs.Float64Var(&o.finishEarly, "finish-early", 0, "end answers early: each length drawn in [f*max_tokens, max_tokens] from a hash of the request; 0 disables")
 	fs.StringVar(&o.apiKey, "api-key", "", "require Authorization: Bearer <key> on load and generate routes")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1", "host to listen on")
@@ -83,6 +106,9 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	}
 	var err error
 	if o.capacities, err = parseCapacities(*capacity); err != nil {
+		return o, err
+	}
+	if o.speeds, err = parseSpeeds(*speed); err != nil {
 		return o, err
 	}
 	switch {
@@ -106,6 +132,21 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		return o, fmt.Errorf("invalid -finish-early %v: want a fraction in [0, 1), 0 to disable", o.finishEarly)
 	case o.statsEvery < 0:
 		return o, fmt.Errorf("invalid -stats %v: want >= 0", o.statsEvery)
+	case o.chunkedPrefill < 1:
+		return o, fmt.Errorf("invalid -chunked-prefill-size %d: want at least 1", o.chunkedPrefill)
+	case o.hostPool < 0:
+		return o, fmt.Errorf("invalid -host-pool %d: want >= 0 tokens, 0 to disable", o.hostPool)
+	case !(o.hostLoadSpeed > 0) || math.IsInf(o.hostLoadSpeed, 1):
+		return o, fmt.Errorf("invalid -host-load-speed %v: want > 0 tokens/s", o.hostLoadSpeed)
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"step-base", o.stepBase}, {"step-prefill-token", o.stepPrefillToken}, {"step-attention", o.stepAttention},
+		{"step-decode-request", o.stepDecodeReq}, {"step-kv-token", o.stepKVToken}} {
+		if !(f.v >= 0) || math.IsInf(f.v, 1) {
+			return o, fmt.Errorf("invalid -%s %v: want seconds >= 0, 0 for the default", f.name, f.v)
+		}
 	}
 	if !o.allowRemote && !isLoopback(o.listen) {
 		return o, fmt.Errorf("-listen %q is not a loopback address: the simulator has no real auth, pass -allow-remote to expose it", o.listen)
@@ -122,6 +163,18 @@ func parseCapacities(s string) ([]int64, error) {
 			return nil, fmt.Errorf("invalid -capacity %q: want a comma list of positive token counts", s)
 		}
 		out = append(out, n)
+	}
+	return out, nil
+}
+
+func parseSpeeds(s string) ([]float64, error) {
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || !(v > 0) || math.IsInf(v, 1) {
+			return nil, fmt.Errorf("invalid -speed %q: want a comma list of positive factors", s)
+		}
+		out = append(out, v)
 	}
 	return out, nil
 }
@@ -160,6 +213,18 @@ func run(ctx context.Context, args []string, output io.Writer, ready chan<- []*s
 			SGLangAdmission:     o.sglangAdmission,
 			APIKey:              o.apiKey,
 			Version:             o.version,
+
+			Timing:               o.timing,
+			StepBaseSec:          o.stepBase,
+			StepPrefillTokenSec:  o.stepPrefillToken,
+			StepAttentionSec:     o.stepAttention,
+			StepDecodeRequestSec: o.stepDecodeReq,
+			StepKVTokenSec:       o.stepKVToken,
+			Speed:                o.speeds[i%len(o.speeds)],
+			ChunkedPrefillSize:   o.chunkedPrefill,
+			MixedChunk:           o.mixedChunk,
+			HostPoolTokens:       o.hostPool,
+			HostLoadTokensPerSec: o.hostLoadSpeed,
 		})
 		s := &server{w: w, log: logger, httpAddr: net.JoinHostPort(o.listen, strconv.Itoa(o.basePort+i))}
 		if o.grpcBasePort > 0 {
@@ -177,9 +242,9 @@ func run(ctx context.Context, args []string, output io.Writer, ready chan<- []*s
 		if s.grpcAddr != "" {
 			grpcInfo = " grpc " + s.grpcAddr
 		}
-		logger.Printf("worker %s listening on http://%s%s capacity=%d dp_ranks=%d max_running=%d decode=%g tok/s legacy_shape=%t prefix_cache=%t finish_early=%g sglang_admission=%t",
-			w.Name, s.httpAddr, grpcInfo, w.MaxTotalTokens, w.DPRanks, w.MaxRunningRequests, w.DecodeTokensPerSec, w.LegacyShape,
-			!w.DisablePrefixCache, w.FinishEarly, w.SGLangAdmission)
+		logger.Printf("worker %s listening on http://%s%s capacity=%d dp_ranks=%d max_running=%d timing=%s %s legacy_shape=%t prefix_cache=%t host_pool=%d finish_early=%g sglang_admission=%t",
+			w.Name, s.httpAddr, grpcInfo, w.MaxTotalTokens, w.DPRanks, w.MaxRunningRequests, w.Timing, speedInfo(w), w.LegacyShape,
+			!w.DisablePrefixCache, w.HostPoolTokens, w.FinishEarly, w.SGLangAdmission)
 		s.w.Faults().OnDown(func(d time.Duration) { go s.bounce(d) })
 	}
 	if ready != nil {
@@ -203,6 +268,14 @@ func run(ctx context.Context, args []string, output io.Writer, ready chan<- []*s
 			return nil
 		}
 	}
+}
+
+// speedInfo names the speeds the worker's timing model runs at.
+func speedInfo(c sglangsim.Config) string {
+	if c.Timing == sglangsim.TimingStep {
+		return fmt.Sprintf("speed=%g chunked_prefill=%d mixed_chunk=%t", c.Speed, c.ChunkedPrefillSize, c.MixedChunk)
+	}
+	return fmt.Sprintf("decode=%g tok/s prefill=%g tok/s", c.DecodeTokensPerSec, c.PrefillTokensPerSec)
 }
 
 func logStats(logger *log.Logger, servers []*server) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/caddy-sglang/caddy-sglang/grpcload/schedulerpb"
 	"github.com/caddy-sglang/caddy-sglang/internal/testports"
+	"github.com/caddy-sglang/caddy-sglang/sglangsim"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -27,7 +28,8 @@ func TestParseFlags(t *testing.T) {
 	if o.count != 4 || len(o.capacities) != 2 || o.capacities[1] != 2000 || o.basePort != 30000 || o.listen != "127.0.0.1" {
 		t.Fatalf("%+v", o)
 	}
-	if !o.prefixCache || !o.prefillCounters || o.finishEarly != 0 || !o.sglangAdmission {
+	if !o.prefixCache || !o.prefillCounters || o.finishEarly != 0 || !o.sglangAdmission || o.timing != sglangsim.TimingLinear ||
+		len(o.speeds) != 1 || o.speeds[0] != 1 || o.chunkedPrefill != 8192 || o.mixedChunk || o.hostPool != 0 || o.hostLoadSpeed != 190000 {
 		t.Fatalf("model defaults: %+v", o)
 	}
 	if o, err := parseFlags([]string{"-sglang-admission=false"}, io.Discard); err != nil || o.sglangAdmission {
@@ -44,6 +46,16 @@ func TestParseFlags(t *testing.T) {
 		{"-grpc-base-port", "30001"},
 		{"-decode-speed", "0"},
 		{"-dp-ranks", "0"},
+		{"-timing", "fast"},
+		{"-speed", "1,0"},
+		{"-speed", "1,,2"},
+		{"-speed", "Inf"},
+		{"-chunked-prefill-size", "0"},
+		{"-host-pool", "-1"},
+		{"-host-load-speed", "0"},
+		{"-step-base", "-0.001"},
+		{"-step-attention", "NaN"},
+		{"-step-kv-token", "+Inf"},
 		{"-listen", "0.0.0.0"},
 		{"extra"},
 	} {
@@ -179,14 +191,23 @@ func TestRunPassesModelFlags(t *testing.T) {
 	ready := make(chan []*server, 1)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- run(ctx, []string{"-count", "1", "-base-port", strconv.Itoa(testports.Free(t, 1)), "-prefix-cache=false",
-			"-prefill-counters=false", "-finish-early", "0.3"}, io.Discard, ready)
+		errc <- run(ctx, []string{"-count", "2", "-base-port", strconv.Itoa(testports.Free(t, 2)), "-prefix-cache=false",
+			"-prefill-counters=false", "-finish-early", "0.3", "-timing", "step", "-speed", "1,2.5", "-step-base", "0.004",
+			"-step-prefill-token", "2e-5", "-step-attention", "2e-9", "-step-decode-request", "1e-5", "-step-kv-token", "3e-8",
+			"-chunked-prefill-size", "4096", "-mixed-chunk", "-host-pool", "50000", "-host-load-speed", "380000"}, io.Discard, ready)
 	}()
 	select {
 	case servers := <-ready:
-		for _, s := range servers {
-			if c := s.w.Config(); !c.DisablePrefixCache || !c.OmitPrefillCounters || c.FinishEarly != 0.3 {
+		for i, s := range servers {
+			c := s.w.Config()
+			if !c.DisablePrefixCache || !c.OmitPrefillCounters || c.FinishEarly != 0.3 {
 				t.Fatalf("config: %+v", c)
+			}
+			if c.Timing != sglangsim.TimingStep || c.Speed != []float64{1, 2.5}[i] || c.StepBaseSec != 0.004 ||
+				c.StepPrefillTokenSec != 2e-5 || c.StepAttentionSec != 2e-9 || c.StepDecodeRequestSec != 1e-5 ||
+				c.StepKVTokenSec != 3e-8 || c.ChunkedPrefillSize != 4096 || !c.MixedChunk || c.HostPoolTokens != 50000 ||
+				c.HostLoadTokensPerSec != 380000 {
+				t.Fatalf("worker %d step config: %+v", i, c)
 			}
 		}
 	case err := <-errc:
