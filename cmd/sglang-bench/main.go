@@ -76,7 +76,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		"another, each through every row; the report gives medians and ranges over them as over seeds. Overrides -from and -length")
 	fs.Float64Var(&tr.speedup, "speedup", 1, "trace: send the slice this many times faster (arrival times divided by it)")
 	fleetSpec := fs.String("fleet", defaultTraceFleet, "trace: the simulated workers of every row, groups Nx(key=value,...) joined by +; keys "+
-		"pool (KV tokens), prefill and decode (tokens/s), batch (running requests), chunk (prefill batch tokens); unset keys take the simulator's defaults")
+		"pool (KV tokens), prefill and decode (tokens/s), batch (running requests), chunk (prefill batch tokens), timing (linear or step), "+
+		"speed (the step model's speed factor), host (host cache tier tokens), hostload (its load speed, tokens/s); unset keys take the simulator's defaults")
 	maxTokens := fs.String("max-tokens", "absent", "trace: what the clients send as max_tokens: exact (the traced output length), "+
 		"cap:N (N on every request), absent (none); every request also sends answer_tokens, the traced output length")
 	fs.DurationVar(&tr.timeout, "trace-timeout", requestTimeout, "trace: each request's timeout; a slice's run is bounded by its "+

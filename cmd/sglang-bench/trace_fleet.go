@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -41,11 +42,11 @@ var fleetKeys = []fleetKey{
 		return err
 	}},
 	{"prefill", "PrefillTokensPerSec", func(c *sglangsim.Config, v string) (err error) {
-		c.PrefillTokensPerSec, err = positiveFloat(v, "tokens/s")
+		c.PrefillTokensPerSec, err = positiveFloat(v, "a number of tokens/s")
 		return err
 	}},
 	{"decode", "DecodeTokensPerSec", func(c *sglangsim.Config, v string) (err error) {
-		c.DecodeTokensPerSec, err = positiveFloat(v, "tokens/s")
+		c.DecodeTokensPerSec, err = positiveFloat(v, "a number of tokens/s")
 		return err
 	}},
 	{"batch", "MaxRunningRequests", func(c *sglangsim.Config, v string) error {
@@ -55,6 +56,24 @@ var fleetKeys = []fleetKey{
 	}},
 	{"chunk", "MaxPrefillTokens", func(c *sglangsim.Config, v string) (err error) {
 		c.MaxPrefillTokens, err = positiveInt(v, "tokens")
+		return err
+	}},
+	{"timing", "Timing", func(c *sglangsim.Config, v string) error {
+		if err := c.Timing.UnmarshalText([]byte(v)); err != nil {
+			return errors.New("want linear or step")
+		}
+		return nil
+	}},
+	{"speed", "Speed", func(c *sglangsim.Config, v string) (err error) {
+		c.Speed, err = positiveFloat(v, "a factor of the step model's speed")
+		return err
+	}},
+	{"host", "HostPoolTokens", func(c *sglangsim.Config, v string) (err error) {
+		c.HostPoolTokens, err = positiveInt(v, "tokens")
+		return err
+	}},
+	{"hostload", "HostLoadTokensPerSec", func(c *sglangsim.Config, v string) (err error) {
+		c.HostLoadTokensPerSec, err = positiveFloat(v, "a number of tokens/s")
 		return err
 	}},
 }
@@ -67,10 +86,10 @@ func positiveInt(v, unit string) (int64, error) {
 	return n, nil
 }
 
-func positiveFloat(v, unit string) (float64, error) {
+func positiveFloat(v, what string) (float64, error) {
 	x, err := strconv.ParseFloat(v, 64)
 	if err != nil || !(x > 0) || math.IsInf(x, 1) {
-		return 0, fmt.Errorf("want a number of %s above 0", unit)
+		return 0, fmt.Errorf("want %s above 0", what)
 	}
 	return x, nil
 }
@@ -172,12 +191,12 @@ func (f traceFleet) labels() []string {
 // effective is a group's config with the simulator's defaults applied.
 func (g fleetGroup) effective() sglangsim.Config { return sglangsim.New(g.cfg).Config() }
 
-// cacheTokens is what the fleet's prefix caches hold at most, summed: every rank's KV pool.
+// cacheTokens is what the fleet's prefix caches hold at most, summed: every rank's KV pool and host tier.
 func (f traceFleet) cacheTokens() int64 {
 	var n int64
 	for _, g := range f.groups {
 		c := g.effective()
-		n += int64(g.count*c.DPRanks) * c.MaxTotalTokens
+		n += int64(g.count*c.DPRanks) * (c.MaxTotalTokens + c.HostPoolTokens)
 	}
 	return n
 }
@@ -192,8 +211,16 @@ func (f traceFleet) String() string {
 			names += fmt.Sprintf("–w%d", first+g.count-1)
 		}
 		c := g.effective()
-		parts = append(parts, fmt.Sprintf("%s: pool %d tokens, prefill %g tokens/s, decode %g tokens/s alone, batch %d, chunk %d",
-			names, c.MaxTotalTokens, c.PrefillTokensPerSec, c.DecodeTokensPerSec, c.MaxRunningRequests, c.MaxPrefillTokens))
+		timing := fmt.Sprintf("prefill %g tokens/s, decode %g tokens/s alone", c.PrefillTokensPerSec, c.DecodeTokensPerSec)
+		if c.Timing == sglangsim.TimingStep {
+			timing = fmt.Sprintf("step timing at speed %g", c.Speed)
+		}
+		host := ""
+		if c.HostPoolTokens > 0 {
+			host = fmt.Sprintf(", host tier %d tokens loading at %g tokens/s", c.HostPoolTokens, c.HostLoadTokensPerSec)
+		}
+		parts = append(parts, fmt.Sprintf("%s: pool %d tokens, %s, batch %d, chunk %d%s",
+			names, c.MaxTotalTokens, timing, c.MaxRunningRequests, c.MaxPrefillTokens, host))
 		first += g.count
 	}
 	return strings.Join(parts, "; ")

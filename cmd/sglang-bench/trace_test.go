@@ -24,6 +24,9 @@ func TestParseFleet(t *testing.T) {
 		{" 1x( batch = 8 , chunk=4096 ) ", []sglangsim.Config{{MaxRunningRequests: 8, MaxPrefillTokens: 4096}}, []int{1}},
 		{"3x()", []sglangsim.Config{{}}, []int{3}},
 		{"1x(decode=0.5)+1x(pool=1)", []sglangsim.Config{{DecodeTokensPerSec: 0.5}, {MaxTotalTokens: 1}}, []int{1, 1}},
+		{"2x(timing=step,speed=2,host=800000,hostload=50000)+1x(timing=linear)",
+			[]sglangsim.Config{{Timing: sglangsim.TimingStep, Speed: 2, HostPoolTokens: 800000, HostLoadTokensPerSec: 50000},
+				{Timing: sglangsim.TimingLinear}}, []int{2, 1}},
 	}
 	for _, c := range good {
 		f, err := parseFleet(c.spec)
@@ -43,11 +46,11 @@ func TestParseFleet(t *testing.T) {
 	}
 	bad := []struct{ spec, want string }{
 		{"", "-fleet: empty; want groups like 2x(pool=400000,prefill=12000,decode=150) joined by +"},
-		{"2(pool=1)", `-fleet group 1 "2(pool=1)": want Nx(key=value,...) with keys pool, prefill, decode, batch, chunk`},
-		{"2x(pool=1", `-fleet group 1 "2x(pool=1": want Nx(key=value,...) with keys pool, prefill, decode, batch, chunk`},
+		{"2(pool=1)", `-fleet group 1 "2(pool=1)": want Nx(key=value,...) with keys pool, prefill, decode, batch, chunk, timing, speed, host, hostload`},
+		{"2x(pool=1", `-fleet group 1 "2x(pool=1": want Nx(key=value,...) with keys pool, prefill, decode, batch, chunk, timing, speed, host, hostload`},
 		{"1x(pool=1)+0x(pool=1)", `-fleet group 2 "0x(pool=1)": count "0": want a whole number from 1 to 32`},
 		{"ax(pool=1)", `-fleet group 1 "ax(pool=1)": count "a": want a whole number from 1 to 32`},
-		{"2x(size=1)", `-fleet group 1 "2x(size=1)": unknown key "size": want pool, prefill, decode, batch, chunk`},
+		{"2x(size=1)", `-fleet group 1 "2x(size=1)": unknown key "size": want pool, prefill, decode, batch, chunk, timing, speed, host, hostload`},
 		{"2x(pool)", `-fleet group 1 "2x(pool)": "pool": want key=value`},
 		{"2x(pool=1,pool=2)", `-fleet group 1 "2x(pool=1,pool=2)": key pool given twice`},
 		{"2x(pool=abc)", `-fleet group 1 "2x(pool=abc)": pool=abc: want a whole number of tokens from 1 to 2147483647`},
@@ -56,6 +59,10 @@ func TestParseFleet(t *testing.T) {
 		{"1x(decode=0)", `-fleet group 1 "1x(decode=0)": decode=0: want a number of tokens/s above 0`},
 		{"1x(prefill=Inf)", `-fleet group 1 "1x(prefill=Inf)": prefill=Inf: want a number of tokens/s above 0`},
 		{"1x(prefill=NaN)", `-fleet group 1 "1x(prefill=NaN)": prefill=NaN: want a number of tokens/s above 0`},
+		{"1x(timing=fast)", `-fleet group 1 "1x(timing=fast)": timing=fast: want linear or step`},
+		{"1x(speed=-1)", `-fleet group 1 "1x(speed=-1)": speed=-1: want a factor of the step model's speed above 0`},
+		{"1x(host=0)", `-fleet group 1 "1x(host=0)": host=0: want a whole number of tokens from 1 to 2147483647`},
+		{"1x(hostload=x)", `-fleet group 1 "1x(hostload=x)": hostload=x: want a number of tokens/s above 0`},
 		{"20x()+20x()", "-fleet: 40 workers; at most 32 (every arm runs its own fleet)"},
 	}
 	for _, c := range bad {
@@ -69,7 +76,7 @@ func TestParseFleet(t *testing.T) {
 // The workers are named in group order, carry the bench's simulator options, and the fleet's cache is
 // its pools together, the simulator's default where a group sets none.
 func TestTraceFleetConfigs(t *testing.T) {
-	f, err := parseFleet("2x(pool=1000)+1x()")
+	f, err := parseFleet("2x(pool=1000,host=500)+1x()")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,10 +96,11 @@ func TestTraceFleetConfigs(t *testing.T) {
 		t.Errorf("pools %d, %d: want 1000 and unset", cfgs[1].MaxTotalTokens, cfgs[2].MaxTotalTokens)
 	}
 	def := sglangsim.New(sglangsim.Config{}).Config().MaxTotalTokens
-	if got, want := f.cacheTokens(), 2000+def; got != want {
+	if got, want := f.cacheTokens(), 2*(1000+500)+def; got != want {
 		t.Errorf("cache tokens %d, want %d", got, want)
 	}
-	if s := f.String(); !strings.Contains(s, "w0–w1: pool 1000 tokens") || !strings.Contains(s, "w2: pool "+strconv.FormatInt(def, 10)) {
+	if s := f.String(); !strings.Contains(s, "w0–w1: pool 1000 tokens") || !strings.Contains(s, ", host tier 500 tokens loading at ") ||
+		!strings.Contains(s, "w2: pool "+strconv.FormatInt(def, 10)+" tokens, prefill ") {
 		t.Errorf("description %q", s)
 	}
 }
@@ -144,7 +152,7 @@ func TestTraceOptionsParse(t *testing.T) {
 		{o, 0, 0, "1m+0s", "1x()", "exact", `-slices: "1m+0s": length "0s" is not a duration above 0`},
 		{traceOptions{path: "t", speedup: 0, timeout: time.Minute}, 0, 0, "", "1x()", "exact", "-speedup 0: want a factor in (0, 1000]"},
 		{traceOptions{path: "t", speedup: 1}, 0, 0, "", "1x()", "exact", "-trace-timeout 0s: must be positive"},
-		{o, 0, 0, "", "1x(x=1)", "exact", `-fleet group 1 "1x(x=1)": unknown key "x": want pool, prefill, decode, batch, chunk`},
+		{o, 0, 0, "", "1x(x=1)", "exact", `-fleet group 1 "1x(x=1)": unknown key "x": want pool, prefill, decode, batch, chunk, timing, speed, host, hostload`},
 		{o, 0, 0, "", "1x()", "cap:0", `-max-tokens "cap:0": want exact, cap:N (N a whole number from 1) or absent`},
 	}
 	for _, c := range bad {
