@@ -295,3 +295,32 @@ func TestStepPrefillCountersOverHTTP(t *testing.T) {
 		t.Fatalf("%d tokens in %d us, want 8192 in %d", tokens, busy, want)
 	}
 }
+
+// The cost of one tick of the step model with a full batch of 64 decoding requests: about one pass.
+func BenchmarkStepTick(b *testing.B) {
+	for _, timing := range []Timing{TimingLinear, TimingStep} {
+		b.Run(timing.String(), func(b *testing.B) {
+			w := New(Config{Timing: timing, MaxTotalTokens: 1 << 23, PrefillTokensPerSec: 1e9, DecodeTokensPerSec: 150})
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			now := time.Now()
+			w.last = now
+			for range 64 {
+				queueByHand(w, sized(2000, 1<<16), now)
+			}
+			w.admit(w.ranks[0], now)
+			for range 100 { // prefilled, decoding
+				now = now.Add(tickEvery)
+				w.step(now)
+			}
+			if n := len(w.ranks[0].running); n != 64 {
+				b.Fatalf("%d running", n)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				now = now.Add(tickEvery)
+				w.step(now)
+			}
+		})
+	}
+}
