@@ -132,25 +132,25 @@ type Choice struct {
 //
 // A key this index has not seen sent anywhere at least half as deep as its prompt (the share the
 // SGLang gateway's cache_threshold asks for; its SharedBlocks count as seen) is New: it is priced in
-// seconds, its home credited with the first RendezvousBlocks blocks only, so prompts that share
-// nothing are routed on load. A new Session key is compared by stretch, as a known key is: the
+// seconds, each worker within the bound credited with what the index saw sent to it (see below) and
+// its home with at least the first RendezvousBlocks blocks, so prompts that share nothing are routed
+// on load. A new Session key is compared by stretch, as a known key is: the
 // conversation starts at its home unless load says otherwise.
 //
-// A key known to be shared goes to its home unless load says otherwise. The home is the first worker
-// within the bound in the weighted rendezvous order of the key's first RendezvousBlocks blocks (a
-// worker's share of keys in proportion to the weight Candidate gives, so each does its share of the
+// A key known to be shared goes where it is cached unless load says otherwise. Every worker within the
+// bound is credited with the blocks of the key the index saw sent to it; the key's home, the first
+// worker within the bound in the weighted rendezvous order of the key's first RendezvousBlocks blocks
+// (a worker's share of keys in proportion to the weight Candidate gives, so each does its share of the
 // work), or the worker a placement moved the key to (Key.Home, see Homes) while that one is within the
-// bound. It alone is credited with the known depth: crediting every worker the index names would keep
-// a prefix that went elsewhere once on two workers, and the fastest would collect copies of all of
-// them. Caddy instances that share nothing agree on the home, from the key, the candidates' names,
-// weights and loads, and the keys they saw lately. A conversation (a key that Continues) is the
-// exception: its first turn, priced as a one-off prompt, may have gone elsewhere, and where this index
-// knows a worker within the bound that holds more of the key than its home, that worker takes the
-// home's place, while this index knows the key's PreviousBlocks; where it knows less, another instance
-// sent the previous turn, and the conversation is priced as one this index has not seen. Candidates
-// are compared by stretch, Cost over Alone: a slow home that is not loaded keeps its keys (in seconds
-// the fastest worker would win them all and its cache could not hold them), and a cache hit on a busy
-// worker loses to a miss on an idle one.
+// bound, is credited besides with the blocks the request's shape says are shared (Key.SharedBlocks, a
+// chat's system prompt), so that Caddy instances that share nothing send a system prompt's requests
+// to one worker. Where the index knows a worker within the bound that holds more of the key than its
+// home, that worker takes the home's place: a conversation's first turn, priced as a one-off prompt,
+// may have gone anywhere, and its next turns follow it. A conversation whose previous turn this index
+// did not send (it knows less of the key than Key.PreviousBlocks) is priced as one it has not seen:
+// another instance sent that turn. Candidates are compared by stretch, Cost over Alone: a slow
+// worker that is not loaded keeps its keys (in seconds the fastest worker would win them all and its
+// cache could not hold them), and a cache hit on a busy worker loses to a miss on an idle one.
 //
 // A near tie goes to the key's order: the first candidate within the bound, in rendezvous order, whose
 // score (seconds for a new key, stretch for the others) is at most NearTie times the best takes the
@@ -219,22 +219,25 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		// earlier one, and following it would split the conversation from where the others send it.
 		known, holder = 0, 0
 	}
-	depth := max(known, min(key.SharedBlocks, len(key.Blocks)))
-	cached := int64(depth) * key.BlockTokens
-	if key.PromptTokens > 0 {
-		cached = min(cached, key.PromptTokens)
-	}
-	shared := cached > 0 && 2*cached >= key.PromptTokens
-	if shared && key.Continues && holder != 0 && (home < 0 || x.Match(key.Blocks, workerAt(c, home)) < known) {
-		// A conversation continues where its earlier turns are cached, which is not its home when its
-		// first turn, priced as a one-off prompt, went elsewhere.
+	// The home is credited with the blocks the request's shape says are shared (a chat's system
+	// prompt), which it gets whoever sent them; every worker within the bound with what the index saw it
+	// sent of the key. Credited with all the index knew of the key, a home drawn from what every
+	// conversation begins with (a system prompt sent as text) was home to every conversation, and
+	// their turns went where it spilled them, not where their earlier turns were cached.
+	cached := key.tokens(min(key.SharedBlocks, len(key.Blocks)))
+	shared := max(cached, key.tokens(known)) > 0 && 2*max(cached, key.tokens(known)) >= key.PromptTokens
+	if shared && holder != 0 && (home < 0 || x.Match(key.Blocks, workerAt(c, home)) < known) {
+		// A key goes on where most of it is cached: not its home when its first request, priced as
+		// a one-off prompt, went elsewhere.
 		k, home = lead(c, n, &order, k, home, holder, bound)
 	}
 	if !shared {
 		// A new key leans on its home by the blocks the order is drawn from, so that a near tie
 		// goes where the key's next requests will.
-		cached = min(int64(RendezvousBlocks)*key.BlockTokens, max(key.PromptTokens, 0))
+		cached = max(cached, key.tokens(RendezvousBlocks))
 	}
+	// Where another instance sent the conversation's previous turn, what this index saw sent is older.
+	ownCredit := !(key.Continues && known == 0 && key.PreviousBlocks > 0)
 
 	// A small fleet is priced whole; a larger one in the key's order.
 	priced := n
@@ -257,8 +260,11 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 			continue
 		}
 		credit := int64(0)
+		if ownCredit {
+			credit = x.heldTokens(key, w, c, i, bound)
+		}
 		if i == home {
-			credit = cached
+			credit = max(credit, cached)
 		}
 		score, ok := c.Cost(i, credit)
 		if !ok {
@@ -280,8 +286,11 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	if best.Index >= 0 {
 		if i := nearTie(order[:k], &scoreAt, n > MaxPriced, bestScore); i >= 0 && i != best.Index {
 			best.Index, best.CachedTokens = i, 0
+			if ownCredit {
+				best.CachedTokens = x.heldTokens(key, workerAt(c, i), c, i, bound)
+			}
 			if i == home {
-				best.CachedTokens = cached
+				best.CachedTokens = max(best.CachedTokens, cached)
 			}
 		}
 	}
@@ -295,6 +304,24 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		best.Outcome = Yielded
 	}
 	return best
+}
+
+// tokens is the prompt tokens of the key's first blocks, at most its prompt's.
+func (k *Key) tokens(blocks int) int64 {
+	t := int64(blocks) * k.BlockTokens
+	if k.PromptTokens > 0 {
+		t = min(t, k.PromptTokens)
+	}
+	return max(t, 0)
+}
+
+// heldTokens is the key's prompt tokens that the index saw sent to w, candidate i, while it is within
+// the bound: a worker past it takes the key only on load, as a miss.
+func (x *Index) heldTokens(key Key, w Worker, c Candidates, i int, bound float64) int64 {
+	if _, load, _ := c.Candidate(i); load+1 > bound {
+		return 0
+	}
+	return key.tokens(x.Match(key.Blocks, w))
 }
 
 // lead puts the candidate whose worker is id first in order, when it is within the bound: the key's

@@ -77,24 +77,25 @@ func TestChooseFollowsTheHolder(t *testing.T) {
 }
 
 // A conversation whose first turn went to a worker other than its home continues there, where its
-// cache is, in a small fleet and in one larger than MaxPriced; a prefix key that is not a conversation
-// goes home; a holder over the balance bound is not followed.
+// cache is, in a small fleet and in one larger than MaxPriced, whether or not it is said to be one (a
+// chat with an answer in its history, or a prompt that merely starts as an earlier one); a holder over
+// the balance bound is not followed.
 func TestChooseConversationFollowsItsCache(t *testing.T) {
 	for _, n := range []int{4, 64} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			x := NewIndex(0)
 			f := newFleet(x, n)
 			var first Key
-			home := 0
-			for id := uint64(1); home == 0; id++ { // a first turn whose home is not worker 0
-				first = prefixKey(id, 16)
-				x.Record(first.Blocks, f.workers[0])
-				home = x.Choose(first, f, 0).Index
+			for id := uint64(1); ; id++ { // a first turn whose home is not worker 0
+				if first = prefixKey(id, 16); x.Choose(first, f, 0).Index != 0 {
+					break
+				}
 			}
+			x.Record(first.Blocks, f.workers[0]) // went to worker 0 all the same
 			next := nextTurn(first, 24)
-			next.Continues = false // not yet said to be a conversation
-			if got := x.Choose(next, f, 0); got.Index != home || got.Outcome != Followed {
-				t.Fatalf("not a conversation: %+v, want home %d, followed", got, home)
+			next.Continues = false // not said to be a conversation
+			if got := x.Choose(next, f, 0); got.Index != 0 || got.Outcome != Followed || got.CachedTokens != 16*BlockTokens {
+				t.Fatalf("not said to be a conversation: %+v, want worker 0 followed with 16 blocks cached", got)
 			}
 			next.Continues = true
 			if got := x.Choose(next, f, 0); got.Index != 0 || got.Outcome != Followed || got.CachedTokens != 16*BlockTokens {
@@ -294,12 +295,17 @@ func TestChooseHotPrefixSpillsInRendezvousOrder(t *testing.T) {
 		order = append(order, best)
 	}
 	// The key went to the first worker once; now that worker is over the bound (the mean plus
-	// BalanceSlack, rounded up): the key goes to the second in order.
+	// BalanceSlack, rounded up): the key goes to the second in order, where nothing of it is cached yet.
 	x.Record(key.Blocks, f.workers[order[0]])
 	f.inflight[order[0]] = BalanceSlack + 2
 	got := x.Choose(key, f, 1.25)
-	if got.Index != order[1] || got.Outcome != Followed {
-		t.Fatalf("chose %+v, want the second in rendezvous order %d (order %v)", got, order[1], order)
+	if got.Index != order[1] || got.Outcome != Yielded || got.CachedTokens != 0 {
+		t.Fatalf("chose %+v, want the second in rendezvous order %d, yielded (order %v)", got, order[1], order)
+	}
+	// Sent there, it has two holders; the second, within the bound, is followed.
+	x.Record(key.Blocks, f.workers[order[1]])
+	if got := x.Choose(key, f, 1.25); got.Index != order[1] || got.Outcome != Followed || got.CachedTokens != 8*BlockTokens {
+		t.Fatalf("again: %+v, want %d followed with 8 blocks cached", got, order[1])
 	}
 }
 
@@ -641,6 +647,37 @@ func TestRendezvousKeyOfAConversation(t *testing.T) {
 		other.Blocks = b[:len(c.key.Blocks)]
 		if same := other.rendezvousKey() == c.key.rendezvousKey(); same != c.sameAB {
 			t.Errorf("%s: two conversations share their rendezvous key: %v, want %v", c.name, same, c.sameAB)
+		}
+	}
+}
+
+// Conversations whose prompts all begin with one system prompt sent as text (a trace's first block,
+// 8 of ours) have one rendezvous home: each next turn still goes where its earlier turns are cached,
+// spread over the fleet as their first turns were, not to that home.
+func TestChooseConversationsBehindACommonPrefix(t *testing.T) {
+	x := NewIndex(0)
+	f := newFleet(x, 4)
+	common := prefixKey(7, 8)
+	turn := func(id uint64, blocks int) Key {
+		k := prefixKey(id, blocks)
+		copy(k.Blocks, common.Blocks)
+		for i := 8; i < blocks; i++ { // chained: what follows the common part is the conversation's own
+			k.Blocks[i] = rendezvous(k.Blocks[i-1], id<<8|uint64(i))
+		}
+		return k
+	}
+	const conversations = 40
+	firstAt := make([]int, conversations)
+	for c := range conversations {
+		firstAt[c] = c % 4 // first turns spread on load
+		x.Record(turn(uint64(c+1), 24).Blocks, f.workers[firstAt[c]])
+	}
+	for c := range conversations {
+		next := turn(uint64(c+1), 40)
+		copy(next.Blocks[:24], turn(uint64(c+1), 24).Blocks)
+		got := x.Choose(next, f, 0)
+		if got.Index != firstAt[c] || got.Outcome != Followed || got.CachedTokens != 24*BlockTokens {
+			t.Fatalf("conversation %d: %+v, want worker %d followed with 24 blocks cached", c, got, firstAt[c])
 		}
 	}
 }
