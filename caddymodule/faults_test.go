@@ -595,6 +595,17 @@ func allStale(t *testing.T, out *outcomes) {
 		w.hanging.Store(true)
 	}
 	view := waitWorkers(t, 10*time.Second, "every worker stale", func(v worker) bool { return v.State == "stale" }, busy, mid, idle)
+	// The admin view judges staleness by time.Now, Select by its coarse clock (clock.go), which trails
+	// it by a tick, and by as long as the clock's goroutine waits for a CPU: over 100 ms on two busy
+	// cores. Until Select's clock passes stale_after too, it still routes on the reports. Once one
+	// selection is the fallback's, every later one is: the clock only moves on, the polls hang.
+	eventually(t, 10*time.Second, func() bool {
+		before := selected(t, scrape(t), "fallback")
+		if _, err := httpSend(1); err != nil {
+			t.Fatal(err)
+		}
+		return selected(t, scrape(t), "fallback")-before == 1
+	}, "a selection by the fallback")
 
 	before := scrape(t)
 	_, total := requests(t, httpSend, seqRequests, concGroups, concRequests)
