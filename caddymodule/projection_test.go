@@ -46,7 +46,10 @@ func newHoldingWorker(t *testing.T, name, rank string, arrived chan<- arrival) *
 			http.Error(rw, err.Error(), http.StatusBadRequest)
 			return
 		}
-		arrived <- arrival{worker: name, bytes: int(n)}
+		select { // a test that failed takes no more arrivals, and releases its workers
+		case arrived <- arrival{worker: name, bytes: int(n)}:
+		case <-w.release:
+		}
 		select {
 		case <-w.release:
 		case <-r.Context().Done():
