@@ -67,6 +67,8 @@ type Since struct {
 	// SentWeighted is the sum over those requests of output x (prompt + output): their KV tokens
 	// weighted by how long they stay, since the requests still running are mostly the long ones.
 	SentWeighted int64
+	// SentUncached is their prompt tokens that were not cached where they went: prefill work.
+	SentUncached int64
 	// Backlog is the worker's prefill queue as the proxy projects it (see Backlog); nil: the report's
 	// queue alone, drained since.
 	Backlog *Backlog
@@ -85,9 +87,9 @@ func (t *SentTotals) SetSince(s *Since, o *SentTotals, elapsed time.Duration, ex
 	s.Elapsed, s.Extra = elapsed, extra
 	if t.Requests >= o.Requests { // else o was stamped by totals that started again (another config's)
 		s.Sent, s.SentPrompt, s.SentOutput = t.Requests-o.Requests, t.PromptTokens-o.PromptTokens, t.OutputTokens-o.OutputTokens
-		s.SentWeighted = t.Weighted - o.Weighted
+		s.SentWeighted, s.SentUncached = t.Weighted-o.Weighted, t.Uncached-o.Uncached
 	} else {
-		s.Sent, s.SentPrompt, s.SentOutput, s.SentWeighted = 0, 0, 0, 0
+		s.Sent, s.SentPrompt, s.SentOutput, s.SentWeighted, s.SentUncached = 0, 0, 0, 0, 0
 	}
 }
 
@@ -97,7 +99,7 @@ func (t *SentTotals) SetSince(s *Since, o *SentTotals, elapsed time.Duration, ex
 func (s *Since) setScaled(d *Since, f float64) {
 	m := func(v int64) int64 { return int64(math.Round(float64(v) * f)) }
 	d.Elapsed, d.Extra, d.Sent, d.SentPrompt = s.Elapsed, m(s.Extra), m(s.Sent), m(s.SentPrompt)
-	d.SentOutput, d.SentWeighted, d.Backlog = m(s.SentOutput), m(s.SentWeighted), s.Backlog
+	d.SentOutput, d.SentWeighted, d.SentUncached, d.Backlog = m(s.SentOutput), m(s.SentWeighted), m(s.SentUncached), s.Backlog
 }
 
 // SGLang's limits on one request, from the pool of the rank it runs on (and the context length, which
@@ -538,9 +540,14 @@ func (r *Report) Cost(req Request, cached int64, since *Since, p *CostParams) fl
 	}
 
 	// Prefill: the prompts queued ahead (the report's queue and what the proxy sent since, as the
-	// Backlog projects them), then this prompt's uncached part on one rank.
+	// Backlog projects them), at most those of the requests still there, since a request that finished
+	// was prefilled; then this prompt's uncached part on one rank.
 	invSpeed := 1 / w.prefillSpeed(p)
-	ahead := since.Backlog.Ahead(r, since.Elapsed, p)
+	there := float64(w.queued)
+	if sent > 0 {
+		there += float64(max(since.SentUncached, 0)) * float64(newLeft) / float64(sent)
+	}
+	ahead := min(since.Backlog.Ahead(r, since.Elapsed, p), there*invSpeed)
 	// Other senders' prompts arrive at random, unseen until the next report: a prefill they keep busy a
 	// fraction u of the time keeps a new prompt waiting u/(1-u) residual prompts (Pollaczek-Khinchine).
 	// This proxy's own prompts are in the backlog: counted here too, a busy worker's stale fraction

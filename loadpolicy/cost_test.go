@@ -85,7 +85,7 @@ func TestCost(t *testing.T) {
 			// Two requests sent since (800 prompt, 200 output tokens), none finished, 1 s ago: 6 present,
 			// batch 7; the 800 queued prompt tokens were prefilled in that second: prefill 0.05.
 			name: "sent since, projected", ranks: []Rank{busy}, req: Request{400, 100},
-			since:   Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200},
+			since:   Since{Elapsed: time.Second, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800},
 			backlog: []sentAt{{0, 800}},
 			want:    100/perRequest(busyAlone, 7) + 0.05,
 		},
@@ -93,16 +93,25 @@ func TestCost(t *testing.T) {
 			// The same two sent 50 ms ago, 10 s after the report: 0.1 s of prefill each was sent, 0.05
 			// of it drained; the 10 s before they were sent drained none of it. Prefill 0.05 + 0.05.
 			name: "sent late in the interval", ranks: []Rank{busy}, req: Request{400, 100},
-			since:   Since{Elapsed: 10050 * time.Millisecond, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200},
+			since:   Since{Elapsed: 10050 * time.Millisecond, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800},
 			backlog: []sentAt{{10 * time.Second, 400}, {10 * time.Second, 400}},
 			want:    100/perRequest(busyAlone, 7) + 0.1,
+		},
+		{
+			// 800 tokens sent 0.05 s ago, 10 s after the report, as above, but the in-flight count fell
+			// by 4: the 4 reported and both sent finished, so both were prefilled, whatever the backlog
+			// made of the speed. Alone in its batch; prefill 0.05.
+			name: "sent late, finished", ranks: []Rank{busy}, req: Request{400, 100},
+			since:   Since{Elapsed: 10050 * time.Millisecond, Extra: -4, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800},
+			backlog: []sentAt{{10 * time.Second, 800}},
+			want:    100/busyAlone + 0.05,
 		},
 		{
 			// The report's queue, 1000 tokens, drains from its arrival: 0.125 s. 1200 tokens sent 0.1 s
 			// after it queue behind its rest, done 0.275 s after the report. Priced at 0.2 s, 0.075 s of
 			// prefill is ahead, then its own 400/8000; batch 8.
 			name: "queue and sent since", ranks: []Rank{worker(4, 2, 1000, 1000, 100000, 8, 200)}, req: Request{400, 100},
-			since:   Since{Elapsed: 200 * time.Millisecond, Extra: 1, Sent: 1, SentPrompt: 1200, SentOutput: 100},
+			since:   Since{Elapsed: 200 * time.Millisecond, Extra: 1, Sent: 1, SentPrompt: 1200, SentOutput: 100, SentUncached: 1200},
 			backlog: []sentAt{{100 * time.Millisecond, 1200}},
 			want:    100/perRequest(busyAlone, 8) + 0.125,
 		},
@@ -110,7 +119,7 @@ func TestCost(t *testing.T) {
 			// The same two sent but the count fell by 1: 3 finished, the oldest first, so 1 of the 4
 			// reported and both new ones remain: batch 4; prefill 0.05.
 			name: "finished since", ranks: []Rank{busy}, req: Request{400, 100},
-			since:   Since{Elapsed: time.Second, Extra: -1, Sent: 2, SentPrompt: 800, SentOutput: 200},
+			since:   Since{Elapsed: time.Second, Extra: -1, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800},
 			backlog: []sentAt{{0, 800}},
 			want:    100/perRequest(busyAlone, 4) + 0.05,
 		},
@@ -128,14 +137,14 @@ func TestCost(t *testing.T) {
 		{
 			// Just sent, not yet prefilled: 800 tokens ahead, (800 + 400)/8000 = 0.15; batch 7.
 			name: "sent since, queued", ranks: []Rank{busy}, req: Request{400, 100},
-			since:   Since{Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200},
+			since:   Since{Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800},
 			backlog: []sentAt{{0, 800}}, want: 100/perRequest(busyAlone, 7) + 0.15,
 		},
 		{
 			// A report stamped after the choice's clock reading: nothing drained since, so it prices as
 			// one received now (the row above), not 10 ms of prefill (80 tokens) more.
 			name: "report newer than the clock", ranks: []Rank{busy}, req: Request{400, 100},
-			since:   Since{Elapsed: -10 * time.Millisecond, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200},
+			since:   Since{Elapsed: -10 * time.Millisecond, Extra: 2, Sent: 2, SentPrompt: 800, SentOutput: 200, SentUncached: 800},
 			backlog: []sentAt{{0, 800}},
 			want:    100/perRequest(busyAlone, 7) + 0.15,
 		},
@@ -729,8 +738,8 @@ func TestSendersScaleWhatWasSentSince(t *testing.T) {
 	}
 	alone := *rep
 	alone.work.senders = 0
-	since := Since{Elapsed: 2 * time.Second, Extra: 2, Sent: 3, SentPrompt: 600, SentOutput: 150, SentWeighted: 40000, Backlog: backlog(rep, 600, &params)}
-	tripled := Since{Elapsed: 2 * time.Second, Extra: 6, Sent: 9, SentPrompt: 1800, SentOutput: 450, SentWeighted: 120000, Backlog: backlog(&alone, 1800, &params)}
+	since := Since{Elapsed: 2 * time.Second, Extra: 2, Sent: 3, SentPrompt: 600, SentOutput: 150, SentWeighted: 40000, SentUncached: 600, Backlog: backlog(rep, 600, &params)}
+	tripled := Since{Elapsed: 2 * time.Second, Extra: 6, Sent: 9, SentPrompt: 1800, SentOutput: 450, SentWeighted: 120000, SentUncached: 1800, Backlog: backlog(&alone, 1800, &params)}
 	req := Request{PromptTokens: 500, OutputTokens: 200}
 	if got, want := rep.Cost(req, 0, &since, &params), alone.Cost(req, 0, &tripled, &params); math.Abs(got-want) > 1e-12 {
 		t.Errorf("price with 3 senders %v s, want %v (the sends since tripled)", got, want)

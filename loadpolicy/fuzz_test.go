@@ -59,7 +59,7 @@ func FuzzNewReport(f *testing.F) {
 		prev := NewReport(time.Unix(90, 0), "", rs)
 		r.Follow(prev)
 		p := CostParams{PrefillTokensPerSec: 8000, DecodeTokensPerSec: 50, DecodeBatchHalving: 32, MeanOutputTokens: 256, DelayToOthers: 1}
-		since := Since{Elapsed: 3 * time.Second, Extra: 2, Sent: 2, SentPrompt: 1000, SentOutput: 512, SentWeighted: 512 * 1512, Backlog: new(Backlog)}
+		since := Since{Elapsed: 3 * time.Second, Extra: 2, Sent: 2, SentPrompt: 1000, SentOutput: 512, SentWeighted: 512 * 1512, SentUncached: 1000, Backlog: new(Backlog)}
 		since.Backlog.Add(r, time.Second, 1000, &p)
 		// A client's sizes are its own word too: any max_tokens, a prompt from any Content-Length.
 		cost := r.Cost(Request{PromptTokens: prompt, OutputTokens: output}, 0, &since, &p)
@@ -105,7 +105,7 @@ func FuzzCost(f *testing.F) {
 			DecodePerPrefill: decodePerPrefill, DecodeBatchHalving: halving, MeanOutputTokens: meanOut,
 			DelayToOthers: delay, OtherSenders: otherSenders, ResidualPromptTokens: residual}
 		since := Since{Elapsed: time.Duration(elapsed), Extra: extra, Sent: sent, SentPrompt: sentPrompt,
-			SentOutput: sentOutput, SentWeighted: sentWeighted, Backlog: new(Backlog)}
+			SentOutput: sentOutput, SentWeighted: sentWeighted, SentUncached: sentUncached, Backlog: new(Backlog)}
 		since.Backlog.Add(r, time.Duration(elapsed/2), sentUncached, &p) // any time, any size: twice
 		since.Backlog.Add(r, time.Duration(elapsed), sentUncached, &p)
 		req := Request{PromptTokens: prompt, OutputTokens: output}.Bounded()
