@@ -167,14 +167,14 @@ func TestCostParamsFleetDecodeRatio(t *testing.T) {
 	}
 	// 400 tok/s at batch 2 is 206.25 alone at the reference halving; prefill 8000 tok/s: 206.25/8000.
 	const batch2 = 400 / 206.25 // lone requests' worth of decoding in a batch of 2
-	p.fleet.note(report(400, 8000))
+	p.fleet.note(report(400, 8000), nil)
 	first := 206.25 / 8000
 	if got := paramsOf(p).DecodePerPrefill; math.Abs(got-first) > 1e-12 {
 		t.Fatalf("after one report: ratio %v, want %v", got, first)
 	}
 	// The same reading from a worker of half the prefill speed, read at the same moment: the two
 	// readings over the two batches, weighed by their prefill speeds.
-	p.fleet.note(report(400, 4000))
+	p.fleet.note(report(400, 4000), nil)
 	if got, want := paramsOf(p).DecodePerPrefill, (400+400)/(batch2*(8000+4000)); math.Abs(got-want) > 1e-12 {
 		t.Errorf("after two reports: ratio %v, want %v", got, want)
 	}
@@ -258,7 +258,7 @@ func TestCostParamsPrefillFloor(t *testing.T) {
 			t.Fatal(err)
 		}
 		p.app = new(App)
-		p.fleet.note(rep)
+		p.fleet.note(rep, nil)
 		if got := paramsOf(p).PrefillPerRankFloor; got != tc.want {
 			t.Errorf("%s: prefill floor %v tokens/s per rank, want %v", tc.name, got, tc.want)
 		}
@@ -317,4 +317,41 @@ func paramsOf(p *Policy) loadpolicy.CostParams {
 	var params loadpolicy.CostParams
 	p.costParams(&params)
 	return params
+}
+
+// A request whose answer's length is not read is priced at the mean answer the workers' reports
+// measure, once some tens of requests are counted: 256 before, and default_max_tokens where set.
+func TestUnreadAnswersPricedAtTheMeasuredMean(t *testing.T) {
+	report := func(at int64, gen float64, sent int64) *loadpolicy.Report {
+		r := loadpolicy.NewReport(time.Unix(at, 0), "", []loadpolicy.Rank{{Running: 4, GenThroughput: gen,
+			Fields: loadpolicy.FieldRunning | loadpolicy.FieldWaiting | loadpolicy.FieldGenThroughput}})
+		r.Sent = loadpolicy.SentTotals{Requests: sent}
+		return r
+	}
+	for _, tt := range []struct {
+		name   string
+		option int64
+		want   []int64 // after 0, 20 and 60 requests were sent, 3 s of 100 tok/s decoded for each 10
+	}{
+		{"default", 0, []int64{256, 256, 30}},
+		{"default_max_tokens 100", 100, []int64{100, 100, 100}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := &Policy{app: &App{}, DefaultMaxTokens: tt.option}
+			if err := p.parseOptions(); err != nil {
+				t.Fatal(err)
+			}
+			prev := report(0, 100, 0)
+			for i, sent := range []int64{0, 20, 60} {
+				if sent > 0 {
+					rep := report(int64(3*sent/10), 100, sent)
+					p.fleet.note(rep, prev)
+					prev = rep
+				}
+				if got := p.unreadSize(httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(chatOf(`"hello"`)))).OutputTokens; got != tt.want[i] {
+					t.Errorf("after %d sent: priced at %d output tokens, want %d", sent, got, tt.want[i])
+				}
+			}
+		})
+	}
 }

@@ -355,13 +355,17 @@ type fleetSpeed struct {
 	fastestPrefill atomicFloat
 	mu             sync.Mutex
 	decode         loadpolicy.FleetDecode // guarded by mu; ratio is its PerPrefill
+	// output is the mean answer the workers' reports measure (guarded by mu), meanOutput its Mean.
+	output     loadpolicy.FleetOutput
+	meanOutput atomicFloat
 }
 
 // fleetSpeedMemory is how much of the fastest speed each report keeps, so a fleet that lost its
 // fastest worker forgets it within some tens of polls.
 const fleetSpeedMemory = 0.98
 
-func (f *fleetSpeed) note(rep *loadpolicy.Report) {
+// note notes rep, whose worker's previous report is prev (nil if none).
+func (f *fleetSpeed) note(rep, prev *loadpolicy.Report) {
 	alone := rep.DecodeAloneTokensPerSec()
 	f.fastest.update(func(old float64) float64 { return max(alone, old*fleetSpeedMemory) })
 	var prefill float64
@@ -372,6 +376,8 @@ func (f *fleetSpeed) note(rep *loadpolicy.Report) {
 	f.mu.Lock()
 	f.decode.Add(rep)
 	f.ratio.Store(f.decode.PerPrefill())
+	f.output.Add(rep, prev)
+	f.meanOutput.Store(f.output.Mean())
 	f.mu.Unlock()
 }
 
@@ -389,12 +395,14 @@ func (f stampingFetcher) Fetch(ctx context.Context) (*loadpolicy.Report, error) 
 	rep, err := f.Fetcher.Fetch(ctx)
 	if rep != nil {
 		rep.Sent = sent
+		var prevRep *loadpolicy.Report
 		if prev := f.ep.state.Load(); prev != nil {
-			rep.Follow(prev.Report)
+			prevRep = prev.Report
+			rep.Follow(prevRep)
 		}
 		if fs := f.ep.fleets.Load(); fs != nil {
 			for _, fleet := range *fs {
-				fleet.note(rep)
+				fleet.note(rep, prevRep)
 			}
 		}
 		// The worker measured somewhere between the two readings; the smaller one does not undercount

@@ -79,8 +79,10 @@ type Policy struct {
 	Choose string `json:"choose,omitempty"`
 
 	// Output tokens the cost metric assumes for a request that does not say (max_tokens,
-	// max_completion_tokens or sampling_params.max_new_tokens); none for one that decodes nothing,
-	// such as an embedding. Default: 256.
+	// max_completion_tokens or sampling_params.max_new_tokens), or whose body it does not read; none for
+	// one that decodes nothing, such as an embedding. Default: the mean answer the workers' reports
+	// measure (the output tokens they decode per second over the requests they are sent per second),
+	// 256 until some tens of requests are measured.
 	DefaultMaxTokens int64 `json:"default_max_tokens,omitempty"`
 
 	// Prefill speed, in prompt tokens/s per worker, that the cost metric assumes for a worker whose
@@ -414,7 +416,15 @@ func (p *Policy) delayToOthers() float64 {
 	return defaultDelayToOthers
 }
 
-func (p *Policy) defaultMaxTokens() int64 { return cmp.Or(p.DefaultMaxTokens, defaultMaxTokens) }
+func (p *Policy) defaultMaxTokens() int64 {
+	if p.DefaultMaxTokens > 0 {
+		return p.DefaultMaxTokens
+	}
+	if m := p.fleet.meanOutput.Load(); m >= 1 {
+		return min(int64(math.Round(m)), loadpolicy.MaxRequestTokens)
+	}
+	return defaultMaxTokens
+}
 
 // sizesFromBody reports whether the cost metric reads each request's body to size it. The default
 // policy (metric, affinity and read_body unset) reads it only where the signal metrics do, where the
@@ -461,7 +471,7 @@ func (p *Policy) register(dial string, late bool) (*endpoint, error) {
 		return nil, err
 	}
 	if st := ep.state.Load(); st != nil && st.Report != nil {
-		p.fleet.note(st.Report) // a worker another config measured: its speed is known before our first poll
+		p.fleet.note(st.Report, nil) // a worker another config measured: its speed is known before our first poll
 	}
 	if late {
 		ep.markSeen(clock.Now().UnixMilli())
