@@ -64,6 +64,8 @@ func tracePolicies() []policy {
 		{name: controlPolicy, lb: "lb_policy least_conn"},
 		sglangLoad("sglang_load default 10s", 10*time.Second),
 		study(sglangLoad("sglang_load default 1s", time.Second)),
+		// The simulator's decode halves at 16 more requests, the policy's default assumes 32.
+		study(sglangLoad("sglang_load default 10s halving 16", 10*time.Second, "decode_batch_halving 16")),
 		sglangLoad("sglang_load cost 10s", 10*time.Second, "metric cost"),
 		sglangLoad("sglang_load affinity prefix 10s", 10*time.Second, "affinity prefix"),
 		study(policy{name: "cache_aware (re-impl.)", router: newCacheAware}),
