@@ -29,6 +29,14 @@ type hashingWorker struct {
 	reset atomic.Bool
 }
 
+// setBodyHash answers with the SHA-256 and the length of the body a request carried (X-Body-Sha256,
+// X-Body-Length).
+func setBodyHash(rw http.ResponseWriter, body []byte) {
+	sum := sha256.Sum256(body)
+	rw.Header().Set("X-Body-Sha256", hex.EncodeToString(sum[:]))
+	rw.Header().Set("X-Body-Length", fmt.Sprint(len(body)))
+}
+
 func newHashingWorker(t *testing.T, running int, gen float64) *hashingWorker {
 	t.Helper()
 	w := &hashingWorker{gen: gen}
@@ -53,9 +61,7 @@ func newHashingWorker(t *testing.T, running int, gen float64) *hashingWorker {
 			http.Error(rw, err.Error(), http.StatusBadRequest)
 			return
 		}
-		sum := sha256.Sum256(body)
-		rw.Header().Set("X-Body-Sha256", hex.EncodeToString(sum[:]))
-		rw.Header().Set("X-Body-Length", fmt.Sprint(len(body)))
+		setBodyHash(rw, body)
 	}))
 	t.Cleanup(w.srv.Close)
 	return w

@@ -26,9 +26,7 @@ func hashBody(h http.Handler) http.Handler {
 			http.Error(rw, err.Error(), http.StatusBadRequest)
 			return
 		}
-		sum := sha256.Sum256(body)
-		rw.Header().Set("X-Body-Sha256", hex.EncodeToString(sum[:]))
-		rw.Header().Set("X-Body-Length", fmt.Sprint(len(body)))
+		setBodyHash(rw, body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		h.ServeHTTP(rw, r)
 	})

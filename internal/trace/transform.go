@@ -1,6 +1,7 @@
 package trace
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"time"
@@ -10,26 +11,16 @@ import (
 // (from, not the first request in it); length <= 0 means to the end. The result is a new slice; its
 // requests share their HashIDs with reqs. reqs must be in arrival order, as the readers return them.
 func Slice(reqs []Request, from, length time.Duration) []Request {
-	lo, _ := slices.BinarySearchFunc(reqs, from, func(r Request, at time.Duration) int { return cmpDuration(r.At, at) })
+	lo, _ := slices.BinarySearchFunc(reqs, from, func(r Request, at time.Duration) int { return cmp.Compare(r.At, at) })
 	hi := len(reqs)
 	if length > 0 && from <= math.MaxInt64-length {
-		hi, _ = slices.BinarySearchFunc(reqs, from+length, func(r Request, at time.Duration) int { return cmpDuration(r.At, at) })
+		hi, _ = slices.BinarySearchFunc(reqs, from+length, func(r Request, at time.Duration) int { return cmp.Compare(r.At, at) })
 	}
 	out := slices.Clone(reqs[lo:max(lo, hi)])
 	for i := range out {
 		out[i].At -= from
 	}
 	return out
-}
-
-func cmpDuration(a, b time.Duration) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Compress divides every At by factor: 4 sends the trace 4x faster. It returns a new slice (sharing
