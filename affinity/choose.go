@@ -132,13 +132,13 @@ type Choice struct {
 //
 // A key this index has not seen sent anywhere at least half as deep as its prompt (the share the
 // SGLang gateway's cache_threshold asks for; its SharedBlocks count as seen) is New: it is priced in
-// seconds, each worker within the bound credited with what the index saw sent to it and its home
-// with at least the first RendezvousBlocks blocks, so prompts that share nothing are routed on load. A new Session key is compared by stretch, as a known key is: the
+// seconds, each worker within the bound credited with what the index saw sent to it (see below) and
+// its home with at least the first RendezvousBlocks blocks, so prompts that share nothing are routed
+// on load. A new Session key is compared by stretch, as a known key is: the
 // conversation starts at its home unless load says otherwise.
 //
-// A key known to be shared goes where it is cached unless load says otherwise. Its home is credited
-// with the blocks of the key the index saw sent to it (a key not known to be shared: every worker within
-// the bound is); the key's home, the first
+// A key known to be shared goes where it is cached unless load says otherwise. Every worker within the
+// bound is credited with the blocks of the key the index saw sent to it; the key's home, the first
 // worker within the bound in the weighted rendezvous order of the key's first RendezvousBlocks blocks
 // (a worker's share of keys in proportion to the weight Candidate gives, so each does its share of the
 // work), or the worker a placement moved the key to (Key.Home, see Homes) while that one is within the
@@ -237,10 +237,6 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		cached = max(cached, key.tokens(RendezvousBlocks))
 	}
 	// Where another instance sent the conversation's previous turn, what this index saw sent is older.
-	// A shared key's candidates are compared by stretch: a worker other than its home credited there, a
-	// slow one that once took a spill of a shared prefix stretched a request as little as its fast home
-	// and kept taking the key at four times its latency (shared prefix at 8/s: p99 1.5x load alone's).
-	// Its home, which lead made the worker holding most of it, is credited alone.
 	ownCredit := !(key.Continues && known == 0 && key.PreviousBlocks > 0)
 
 	// A small fleet is priced whole; a larger one in the key's order.
@@ -263,7 +259,13 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		if w.ID == 0 {
 			continue
 		}
-		credit := x.credit(key, c, i, bound, i == home, cached, ownCredit && (i == home || !shared))
+		credit := int64(0)
+		if ownCredit {
+			credit = x.heldTokens(key, w, c, i, bound)
+		}
+		if i == home {
+			credit = max(credit, cached)
+		}
 		score, ok := c.Cost(i, credit)
 		if !ok {
 			continue
@@ -283,8 +285,13 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	}
 	if best.Index >= 0 {
 		if i := nearTie(order[:k], &scoreAt, n > MaxPriced, bestScore); i >= 0 && i != best.Index {
-			best.Index = i
-			best.CachedTokens = x.credit(key, c, i, bound, i == home, cached, ownCredit && (i == home || !shared))
+			best.Index, best.CachedTokens = i, 0
+			if ownCredit {
+				best.CachedTokens = x.heldTokens(key, workerAt(c, i), c, i, bound)
+			}
+			if i == home {
+				best.CachedTokens = max(best.CachedTokens, cached)
+			}
 		}
 	}
 	switch {
@@ -306,19 +313,6 @@ func (k *Key) tokens(blocks int) int64 {
 		t = min(t, k.PromptTokens)
 	}
 	return max(t, 0)
-}
-
-// credit is the cached tokens candidate i is credited with: what the index saw sent to it where own
-// says so, and the home at least homeCredit.
-func (x *Index) credit(key Key, c Candidates, i int, bound float64, home bool, homeCredit int64, own bool) int64 {
-	var held int64
-	if own {
-		held = x.heldTokens(key, workerAt(c, i), c, i, bound)
-	}
-	if home {
-		held = max(held, homeCredit)
-	}
-	return held
 }
 
 // heldTokens is the key's prompt tokens that the index saw sent to w, candidate i, while it is within
