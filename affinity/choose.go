@@ -238,6 +238,16 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	}
 	// Where another instance sent the conversation's previous turn, what this index saw sent is older.
 	ownCredit := !(key.Continues && known == 0 && key.PreviousBlocks > 0)
+	creditOf := func(i int) int64 {
+		var credit int64
+		if ownCredit {
+			credit = x.heldTokens(key, workerAt(c, i), c, i, bound)
+		}
+		if i == home {
+			credit = max(credit, cached)
+		}
+		return credit
+	}
 
 	// A small fleet is priced whole; a larger one in the key's order.
 	priced := n
@@ -259,13 +269,7 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 		if w.ID == 0 {
 			continue
 		}
-		credit := int64(0)
-		if ownCredit {
-			credit = x.heldTokens(key, w, c, i, bound)
-		}
-		if i == home {
-			credit = max(credit, cached)
-		}
+		credit := creditOf(i)
 		score, ok := c.Cost(i, credit)
 		if !ok {
 			continue
@@ -285,13 +289,7 @@ func (x *Index) Choose(key Key, c Candidates, factor float64) Choice {
 	}
 	if best.Index >= 0 {
 		if i := nearTie(order[:k], &scoreAt, n > MaxPriced, bestScore); i >= 0 && i != best.Index {
-			best.Index, best.CachedTokens = i, 0
-			if ownCredit {
-				best.CachedTokens = x.heldTokens(key, workerAt(c, i), c, i, bound)
-			}
-			if i == home {
-				best.CachedTokens = max(best.CachedTokens, cached)
-			}
+			best.Index, best.CachedTokens = i, creditOf(i)
 		}
 	}
 	switch {

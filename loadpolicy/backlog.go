@@ -33,8 +33,8 @@ func backlogTag(r *Report) uint64 {
 	return uint64(r.Received.UnixMicro()) & (1<<backlogTagBits - 1)
 }
 
-// until is, for state (b's), the seconds after r's arrival at which the worker's prefill is done with what is queued:
-// from the state where it counts from r, else from r's own queue.
+// until is, for state (b's), the seconds after r's arrival at which the worker's prefill is done with
+// what is queued: from the state where it counts from r, else from r's own queue.
 func (b *Backlog) until(state uint64, r *Report, p *CostParams) float64 {
 	if state != 0 && state>>backlogUSBits == backlogTag(r) { // 0: the zero value, which counts from none
 		return float64(state&backlogUSMax) / 1e6

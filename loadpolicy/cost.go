@@ -369,6 +369,20 @@ func prefillPerRank(tokens, busyUS int64) (float64, bool) {
 	return float64(tokens) / (float64(busyUS) / 1e6), true
 }
 
+// keptSince is the weight that sums last aged at *last keep at a reading received at: what keptAfter
+// keeps over the time between, 1 for the first reading and for one no newer. It moves *last to at.
+func keptSince(last *time.Time, at time.Time) float64 {
+	if !at.After(*last) {
+		return 1
+	}
+	kept := 1.0
+	if !last.IsZero() {
+		kept = keptAfter(at.Sub(*last))
+	}
+	*last = at
+	return kept
+}
+
 // keptAfter is the weight a sum keeps after gap: half for every decodeMemory, all of it for no time
 // (or a clock that stepped back).
 func keptAfter(gap time.Duration) float64 {
@@ -639,13 +653,8 @@ func (f *FleetDecode) Add(r *Report) {
 	if !w.sampled || !w.prefillOK || w.prefill <= 0 {
 		return
 	}
-	if r.Received.After(f.last) {
-		if !f.last.IsZero() {
-			kept := keptAfter(r.Received.Sub(f.last))
-			f.gen, f.batchPrefill = f.gen*kept, f.batchPrefill*kept
-		}
-		f.last = r.Received
-	}
+	kept := keptSince(&f.last, r.Received)
+	f.gen, f.batchPrefill = f.gen*kept, f.batchPrefill*kept
 	f.gen += w.readGen
 	f.batchPrefill += w.readBatch * w.prefillPerRank()
 }

@@ -27,13 +27,8 @@ func (f *FleetOutput) Add(r, prev *Report) {
 	if gap <= 0 || sent < 0 || r.Sent.Requests == 0 {
 		return // a clock that stepped back, totals that began again, or a proxy that counts nothing
 	}
-	if r.Received.After(f.last) {
-		if !f.last.IsZero() {
-			kept := keptAfter(r.Received.Sub(f.last))
-			f.decoded, f.requests = f.decoded*kept, f.requests*kept
-		}
-		f.last = r.Received
-	}
+	kept := keptSince(&f.last, r.Received)
+	f.decoded, f.requests = f.decoded*kept, f.requests*kept
 	f.decoded += (max(r.GenThroughput, 0) + max(prev.GenThroughput, 0)) / 2 * gap.Seconds()
 	f.requests += float64(sent) * max(r.work.senders, 1)
 }
